@@ -1,0 +1,3 @@
+"""mlxserve: an OpenAI-compatible HTTP server for MLX models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from mlxserve.cli import main
+
+main()

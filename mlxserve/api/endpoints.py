@@ -1,0 +1,147 @@
+"""The API endpoints: validated request in, OpenAI response out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from mlxserve.api.errors import bad_request, not_found, unavailable
+from mlxserve.api.generation import ChoicePlan, GenerationRun
+from mlxserve.api.logprobs import TokenTexts
+from mlxserve.api.requests import (
+    ChatRequest,
+    CompletionRequest,
+    GenerationRequest,
+    parse_json_body,
+    validate,
+)
+from mlxserve.api.responses import ChatFormat, CompletionFormat, ResponseFormat
+from mlxserve.api.sse import SSEWriter
+from mlxserve.chat.templates import encode_prompts, render_chat
+from mlxserve.config import SamplingDefaults, ServerConfig
+from mlxserve.engine.sampling import GenerationParams
+from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.provider import ModelProvider
+
+
+@dataclass
+class Endpoints:
+    config: ServerConfig
+    provider: ModelProvider
+    worker: GenerationWorker
+
+    def health(self) -> tuple[int, dict]:
+        if not self.worker.alive or self.provider.loaded is None:
+            return 503, {"status": "unavailable"}
+        return 200, {"status": "ok", "model": self.provider.alias}
+
+    def models(self) -> dict:
+        return {"object": "list", "data": self.provider.list_models()}
+
+    def model(self, model_id: str) -> dict:
+        for entry in self.provider.list_models():
+            if entry["id"] == model_id:
+                return entry
+        raise not_found(
+            f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
+        )
+
+    def chat(self, raw: bytes, handler) -> dict | None:
+        request = validate(ChatRequest, parse_json_body(raw))
+        if request.tool_choice not in (None, "auto", "none"):
+            raise bad_request(
+                "Only tool_choice 'auto' and 'none' are supported for now.", param="tool_choice"
+            )
+        if request.top_logprobs is not None and not request.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
+        spec, tokenizer = self._model(request)
+        prompt = render_chat(
+            tokenizer, request, self.config.chat_template_args, self.config.chat_template
+        )
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        params = _params(request, self.config.defaults, request.token_limit, logprobs, tokenizer)
+        fmt = ChatFormat(self._model_name(request), TokenTexts(tokenizer))
+        return self._run(request, spec, fmt, [prompt], params, handler)
+
+    def completion(self, raw: bytes, handler) -> dict | None:
+        request = validate(CompletionRequest, parse_json_body(raw))
+        spec, tokenizer = self._model(request)
+        prompts = encode_prompts(tokenizer, request)
+        params = _params(
+            request, self.config.defaults, request.token_limit, request.logprobs, tokenizer
+        )
+        fmt = CompletionFormat(self._model_name(request), TokenTexts(tokenizer))
+        return self._run(request, spec, fmt, prompts, params, handler)
+
+    def _model(self, request: GenerationRequest):
+        if not self.worker.alive:
+            raise unavailable("The generation thread is not running.")
+        spec = self.provider.resolve(request.model)
+        return spec, self.provider.tokenizer(spec)
+
+    def _model_name(self, request: GenerationRequest) -> str:
+        return request.model or self.provider.alias
+
+    def _run(
+        self,
+        request: GenerationRequest,
+        spec,
+        fmt: ResponseFormat,
+        prompts: list[list[int]],
+        params: GenerationParams,
+        handler,
+    ) -> dict | None:
+        plans = [
+            ChoicePlan(p * request.n + j, prompt, _seed_once(params, j), counts_prompt=j == 0)
+            for p, prompt in enumerate(prompts)
+            for j in range(request.n)
+        ]
+        run = GenerationRun(
+            self.worker, spec, fmt, plans, self.config.num_draft_tokens, handler.client_gone
+        )
+        if not request.stream:
+            return run.collect()
+        run.stream(SSEWriter(handler), request.include_usage, self.config.keepalive_seconds)
+        return None
+
+
+def _params(
+    request: GenerationRequest,
+    defaults: SamplingDefaults,
+    max_tokens: int | None,
+    logprobs: int | None,
+    tokenizer,
+) -> GenerationParams:
+    logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
+    if any(token >= len(tokenizer) for token in logit_bias):
+        raise bad_request(
+            f"logit_bias token ids must be below {len(tokenizer)}.", param="logit_bias"
+        )
+
+    def pick(value, default):
+        return default if value is None else value
+
+    return GenerationParams(
+        max_tokens=pick(max_tokens, defaults.max_tokens),
+        temperature=pick(request.temperature, defaults.temperature),
+        top_p=pick(request.top_p, defaults.top_p),
+        top_k=pick(request.top_k, defaults.top_k),
+        min_p=pick(request.min_p, defaults.min_p),
+        xtc_probability=pick(request.xtc_probability, 0.0),
+        xtc_threshold=pick(request.xtc_threshold, 0.0),
+        repetition_penalty=request.repetition_penalty,
+        repetition_context_size=request.repetition_context_size,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=logit_bias,
+        seed=request.seed,
+        stop=tuple(request.stop or ()),
+        logprobs=logprobs,
+    )
+
+
+def _seed_once(params: GenerationParams, sibling: int) -> GenerationParams:
+    """Seed only the first sibling: the others continue its random stream, so n choices
+    differ from each other yet the whole request stays reproducible."""
+    if sibling == 0 or params.seed is None:
+        return params
+    return replace(params, seed=None)

@@ -1,0 +1,190 @@
+"""HTTP plumbing on the standard library: routing, auth, body limits, CORS, error bodies."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import select
+import socket
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import unquote, urlsplit
+
+from mlxserve.api.errors import APIError, bad_request, not_found, server_error
+from mlxserve.api.sse import ClientGone
+
+log = logging.getLogger(__name__)
+
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+COMPLETION_PATHS = ("/v1/completions", "/completions")
+HEALTH_PATHS = ("/health", "/v1/health")
+MODELS_PATHS = ("/v1/models", "/models")
+POST_PATHS = CHAT_PATHS + COMPLETION_PATHS
+GET_PATHS = HEALTH_PATHS + MODELS_PATHS
+
+
+class APIHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "mlxserve"
+
+    # Entry points -----------------------------------------------------------------------
+
+    def do_OPTIONS(self) -> None:
+        self.send_response(204)
+        self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+        self.send_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-API-Key")
+        self.send_header("Access-Control-Max-Age", "86400")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self._handle(self._get)
+
+    def do_POST(self) -> None:
+        self._handle(self._post)
+
+    def _handle(self, route) -> None:
+        try:
+            path = urlsplit(self.path).path.rstrip("/") or "/"
+            if path not in HEALTH_PATHS:
+                self._authorize()
+            route(path)
+        except APIError as e:
+            self._send_error(e)
+        except ClientGone:
+            log.info("client closed the connection: %s %s", self.command, self.path)
+            self.close_connection = True
+        except Exception as e:
+            log.exception("unhandled error on %s %s", self.command, self.path)
+            self._send_error(server_error(f"Internal error: {e}"))
+
+    def _get(self, path: str) -> None:
+        endpoints = self.server.endpoints
+        if path in HEALTH_PATHS:
+            status, body = endpoints.health()
+            self._send_json(status, body)
+        elif path in MODELS_PATHS:
+            self._send_json(200, endpoints.models())
+        elif path.startswith(("/v1/models/", "/models/")):
+            self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
+        else:
+            self._unknown(path, POST_PATHS)
+
+    def _post(self, path: str) -> None:
+        endpoints = self.server.endpoints
+        if path in CHAT_PATHS:
+            result = endpoints.chat(self._read_body(), self)
+        elif path in COMPLETION_PATHS:
+            result = endpoints.completion(self._read_body(), self)
+        else:
+            self._unknown(path, GET_PATHS)
+            return
+        if result is not None:
+            self._send_json(200, result)
+
+    def _unknown(self, path: str, other_method_paths: tuple[str, ...]) -> None:
+        if path in other_method_paths:
+            raise APIError(
+                405, f"Method {self.command} is not allowed on {path}.", code="method_not_allowed"
+            )
+        raise not_found(f"Unknown path: {path}", code="unknown_url")
+
+    # Requests ---------------------------------------------------------------------------
+
+    def _authorize(self) -> None:
+        key = self.server.config.api_key
+        if not key:
+            return
+        auth = self.headers.get("Authorization", "")
+        given = auth[7:] if auth[:7].lower() == "bearer " else self.headers.get("X-API-Key", "")
+        if not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise APIError(
+                401, "Invalid or missing API key.", "authentication_error", code="invalid_api_key"
+            )
+
+    def _read_body(self) -> bytes:
+        limit = self.server.config.max_body_bytes
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked(limit)
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            raise bad_request("Invalid Content-Length header.") from None
+        if length > limit:
+            raise self._too_large(limit)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _read_chunked(self, limit: int) -> bytes:
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";")[0].strip(), 16)
+            except ValueError:
+                self.close_connection = True
+                raise bad_request("Malformed chunked request body.") from None
+            if size == 0:
+                while self.rfile.readline(1024).strip():
+                    pass
+                return bytes(body)
+            if len(body) + size > limit:
+                raise self._too_large(limit)
+            body += self.rfile.read(size)
+            self.rfile.readline(1024)
+
+    def _too_large(self, limit: int) -> APIError:
+        self.close_connection = True  # the rest of the body is never read
+        return APIError(
+            413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large"
+        )
+
+    def client_gone(self) -> bool:
+        """Whether the client closed its end (the socket reads EOF) while we generate."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    # Responses --------------------------------------------------------------------------
+
+    def end_headers(self) -> None:
+        origin = self._allowed_origin()
+        if origin:
+            self.send_header("Access-Control-Allow-Origin", origin)
+            if origin != "*":
+                self.send_header("Vary", "Origin")
+        super().end_headers()
+
+    def _allowed_origin(self) -> str | None:
+        allowed = self.server.config.allowed_origins
+        if "*" in allowed:
+            return "*"
+        origin = self.headers.get("Origin")
+        return origin if origin in allowed else None
+
+    def _send_json(self, status: int, body: dict) -> None:
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _send_error(self, error: APIError) -> None:
+        if error.status >= 500:
+            log.error("%s %s -> %d: %s", self.command, self.path, error.status, error.message)
+        self._send_json(error.status, error.body())
+
+    def log_message(self, format: str, *args) -> None:
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def log_request(self, code="-", size="-") -> None:
+        log.info('"%s" %s', self.requestline, code)

@@ -1,0 +1,169 @@
+"""Request bodies: JSON -> validated models, so every mistake is a 400 before generation.
+
+Pydantic in strict mode does the checking: a string where a number belongs is refused
+(as OpenAI does), an int is fine where a float belongs, unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mlxserve.api.errors import APIError, bad_request
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ContentPart(_Strict):
+    type: str
+    text: str | None = None
+    image_url: Any = None
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str | dict = "{}"
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    thinking: str | None = None
+
+
+class GenerationRequest(_Strict):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Probability | None = None
+    xtc_probability: Probability | None = None
+    xtc_threshold: Annotated[float, Field(ge=0.0, le=0.5)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    repetition_context_size: Annotated[int, Field(ge=1)] = 20
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: Annotated[int, Field(ge=1, le=16)] = 1
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_words(cls, value):
+        words = [value] if isinstance(value, str) else value or []
+        if len(words) > 16:
+            raise ValueError("at most 16 stop sequences are allowed")
+        if any(word == "" for word in words):
+            raise ValueError("stop sequences must not be empty")
+        return words
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value):
+        if value and not all(re.fullmatch(r"\d+", key) for key in value):
+            raise ValueError("keys must be token ids")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(GenerationRequest):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    chat_template_kwargs: dict | None = None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value):
+        if isinstance(value, list) and (
+            not value or any(len(p) == 0 for p in value if isinstance(p, list))
+        ):
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+# Pydantic names union members in error locations ('str', 'list[str]', 'ContentPart'...).
+_TYPE_TAG = re.compile(r"^([A-Z]\w*|str|int|float|bool|dict|list|function-\w+)(\[.*\])?$")
+
+
+def _param(loc: tuple) -> str:
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif not _TYPE_TAG.match(part):
+            param += f".{part}" if param else part
+    return param
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """Decode a body into a JSON object, or raise a 400."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad_request(f"The request body is not valid UTF-8: {e}") from e
+    except json.JSONDecodeError as e:
+        raise bad_request(f"The request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def validate(model: type[BaseModel], body: dict) -> Any:
+    """Validate a decoded body into `model`, turning the first problem into a 400."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        error = e.errors(include_url=False)[0]
+        param = _param(error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        raise APIError(400, f"Invalid value for '{param}': {message}.", param=param) from e

@@ -1,0 +1,113 @@
+"""Requests -> prompt tokens: chat messages through the model's chat template, or raw prompts."""
+
+from __future__ import annotations
+
+import json
+
+from jinja2 import TemplateError
+
+from mlxserve.api.errors import bad_request
+from mlxserve.api.requests import ChatRequest, CompletionRequest, Message
+
+TEXT_PARTS = ("text", "input_text")
+IMAGE_PARTS = ("image_url", "input_image", "image")
+
+
+def render_chat(
+    tokenizer, request: ChatRequest, template_args: dict, chat_template: str | None
+) -> list[int]:
+    """Render the conversation with the model's template and tokenize it."""
+    if not tokenizer.has_chat_template and chat_template is None:
+        raise bad_request(
+            "This model has no chat template; use /v1/completions or start the server "
+            "with --chat-template.",
+            param="messages",
+        )
+    messages = [_template_message(m, i) for i, m in enumerate(request.messages)]
+    tools = request.tools if request.tools and request.tool_choice != "none" else None
+    kwargs = {**template_args, **(request.chat_template_kwargs or {})}
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+    except TemplateError as e:
+        raise bad_request(f"The chat template rejected the messages: {e}", param="messages") from e
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _template_message(message: Message, index: int) -> dict:
+    """The message as chat templates expect it: text content, object arguments."""
+    role = "system" if message.role == "developer" else message.role
+    out: dict = {"role": role, "content": _text_content(message, index)}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments(call.function.arguments),
+                },
+            }
+            for call in message.tool_calls
+        ]
+    reasoning = message.reasoning_content or message.reasoning or message.thinking
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    return out
+
+
+def _text_content(message: Message, index: int) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, part in enumerate(message.content):
+        param = f"messages[{index}].content[{j}]"
+        if part.type in TEXT_PARTS:
+            if part.text is None:
+                raise bad_request("A text content part needs a 'text' string.", param=param)
+            texts.append(part.text)
+        elif part.type in IMAGE_PARTS:
+            raise bad_request(
+                "This model does not accept images.", param=param, code="images_not_supported"
+            )
+        else:
+            raise bad_request(f"Unsupported content part type '{part.type}'.", param=param)
+    return "\n".join(texts)
+
+
+def _arguments(arguments: str | dict):
+    """Templates format arguments themselves (often with `tojson`), so hand them an object."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def encode_prompts(tokenizer, request: CompletionRequest) -> list[list[int]]:
+    """Each prompt of a text completion request as token ids."""
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        prompts = [tokenizer.encode(prompt)]
+    elif all(isinstance(p, str) for p in prompt):
+        prompts = [tokenizer.encode(p) for p in prompt]
+    else:
+        prompts = prompt if isinstance(prompt[0], list) else [prompt]
+    if any(not tokens for tokens in prompts):
+        raise bad_request("The prompt must not be empty.", param="prompt")
+    vocab_size = len(tokenizer)
+    for tokens in prompts:
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise bad_request(f"Token ids must lie in [0, {vocab_size}).", param="prompt")
+    return prompts

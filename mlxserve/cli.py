@@ -1,0 +1,101 @@
+"""Command line -> ServerConfig, logging, and the server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from mlxserve import __version__
+from mlxserve.config import SamplingDefaults, ServerConfig
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlxserve", description="An OpenAI-compatible HTTP server for MLX models."
+    )
+    p.add_argument(
+        "--model",
+        default="demo",
+        help="hub repo id or local folder; 'demo' (default) serves SmolLM2-135M-Instruct",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    p.add_argument("--temp", type=float, default=0.0, help="default temperature")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=512, help="default max_tokens per request")
+    p.add_argument("--chat-template", help="a Jinja chat template, or a file holding one")
+    p.add_argument(
+        "--chat-template-args",
+        type=json.loads,
+        default={},
+        help="JSON object passed to the chat template",
+    )
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--adapter-path", help="LoRA adapters to apply to the served model")
+    p.add_argument("--draft-model", help="a draft model for speculative decoding")
+    p.add_argument("--num-draft-tokens", type=int, default=3)
+    p.add_argument(
+        "--model-dir",
+        action="append",
+        default=[],
+        type=Path,
+        help="a folder whose models clients may load (repeatable)",
+    )
+    p.add_argument("--allowed-origins", default="*", help="comma-separated CORS origins")
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("MLXSERVE_API_KEY"),
+        help="require this key (also MLXSERVE_API_KEY)",
+    )
+    p.add_argument(
+        "--prompt-cache-size", type=int, default=10, help="prompt prefixes kept for reuse"
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--version", action="version", version=f"mlxserve {__version__}")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if not isinstance(args.chat_template_args, dict):
+        raise SystemExit("mlxserve: --chat-template-args must be a JSON object")
+    template = args.chat_template
+    if template and Path(template).is_file():
+        template = Path(template).read_text()
+    return ServerConfig(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        defaults=SamplingDefaults(args.temp, args.top_p, args.top_k, args.min_p, args.max_tokens),
+        chat_template=template,
+        chat_template_args=args.chat_template_args,
+        trust_remote_code=args.trust_remote_code,
+        adapter_path=args.adapter_path,
+        draft_model=args.draft_model,
+        num_draft_tokens=args.num_draft_tokens,
+        model_dirs=tuple(args.model_dir),
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+        max_body_bytes=args.max_body_bytes,
+        api_key=args.api_key or None,
+        log_level=args.log_level,
+        prompt_cache_size=args.prompt_cache_size,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    config = config_from_args(parser().parse_args(argv))
+    logging.basicConfig(
+        level=config.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from mlxserve.server import run
+
+    run(config)

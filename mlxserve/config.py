@@ -1,0 +1,38 @@
+"""Server-wide settings, filled from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Used when a request leaves a sampling field out."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = "demo"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    chat_template: str | None = None
+    chat_template_args: dict = field(default_factory=dict)
+    trust_remote_code: bool = False
+    adapter_path: str | None = None
+    draft_model: str | None = None
+    num_draft_tokens: int = 3
+    model_dirs: tuple[Path, ...] = ()
+    allowed_origins: tuple[str, ...] = ("*",)
+    max_body_bytes: int = 16 * 1024 * 1024
+    api_key: str | None = None
+    log_level: str = "INFO"
+    keepalive_seconds: float = 5.0
+    prompt_cache_size: int = 10

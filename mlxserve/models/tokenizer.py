@@ -1,0 +1,40 @@
+"""Tokenizer loading: mlx-lm's TokenizerWrapper, with exact detokenization and end tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+
+# Tokens that end an assistant turn in common chat templates; any in the vocab stop generation.
+TURN_END_TOKENS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|return|>",
+    "<|call|>",
+)
+
+
+class ExactBPEDetokenizer(BPEStreamingDetokenizer):
+    """mlx-lm's byte-level detokenizer drops the first leading space of a reply, which
+    corrupts text completions (" Paris" becomes "Paris"); keep the text exactly."""
+
+    def _maybe_trim_space(self, current_text: str) -> str:
+        return current_text
+
+
+def load_text_tokenizer(path: Path, trust_remote_code: bool) -> TokenizerWrapper:
+    config = json.loads((path / "config.json").read_text())
+    extra = {"trust_remote_code": True} if trust_remote_code else None
+    tokenizer = load_tokenizer(path, extra, eos_token_ids=config.get("eos_token_id"))
+    if type(tokenizer._detokenizer) is BPEStreamingDetokenizer:
+        tokenizer._detokenizer = ExactBPEDetokenizer(tokenizer._tokenizer)
+    vocab = tokenizer.get_vocab()
+    for token in TURN_END_TOKENS:
+        if token in vocab:
+            tokenizer.add_eos_token(token)
+    return tokenizer

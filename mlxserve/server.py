@@ -1,0 +1,57 @@
+"""Wires the HTTP server, the model provider and the generation thread together."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from http.server import ThreadingHTTPServer
+
+from mlxserve.api.endpoints import Endpoints
+from mlxserve.api.handler import APIHandler
+from mlxserve.config import ServerConfig
+from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.provider import ModelProvider, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+
+class MLXServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, config: ServerConfig, endpoints: Endpoints):
+        if ":" in config.host:
+            self.address_family = socket.AF_INET6
+        super().__init__((config.host, config.port), APIHandler)
+        self.config = config
+        self.endpoints = endpoints
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/v1"
+
+
+def build_server(config: ServerConfig) -> MLXServer:
+    """Resolve and load the served model on the generation thread, then bind the socket."""
+    path = resolve_model_path(config.model)
+    provider = ModelProvider(config, path)
+    worker = GenerationWorker(provider, config.prompt_cache_size)
+    worker.start()
+    start = time.perf_counter()
+    worker.call(lambda: provider.activate(provider.default))
+    log.info("Serving %r from %s (ready in %.1fs)", config.model, path, time.perf_counter() - start)
+    return MLXServer(config, Endpoints(config, provider, worker))
+
+
+def run(config: ServerConfig) -> None:
+    server = build_server(config)
+    print(f"mlxserve is ready: {server.url}  (model: {config.model})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        server.endpoints.worker.stop()
