@@ -55,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
         help="require this key (also MLXSERVE_API_KEY)",
     )
     p.add_argument(
+        "--keepalive-seconds",
+        type=float,
+        default=5.0,
+        help="send an SSE comment when a stream has been silent this long",
+    )
+    p.add_argument(
         "--prompt-cache-size", type=int, default=10, help="prompt prefixes kept for reuse"
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -84,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
         log_level=args.log_level,
+        keepalive_seconds=args.keepalive_seconds,
         prompt_cache_size=args.prompt_cache_size,
     )
 

@@ -1,0 +1,123 @@
+"""Shared fixtures: the tiny models, and real mlxserve processes on free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import tiny_chat
+
+from mlxserve.models.demo import cache_root
+
+STARTUP_SECONDS = 180
+
+
+@dataclass
+class Server:
+    """A running `mlxserve` process; its log is kept for assertions and failures."""
+
+    process: subprocess.Popen
+    url: str  # http://host:port
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def post(self, path: str, body, headers: dict | None = None, timeout: float = 120):
+        """POST JSON (or raw bytes); returns (status, headers, decoded JSON or text)."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+        return _send(request, timeout)
+
+    def get(self, path: str, headers: dict | None = None, timeout: float = 30):
+        return _send(urllib.request.Request(self.url + path, headers=headers or {}), timeout)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def _send(request, timeout):
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.headers, _decode(response.read(), response.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, _decode(e.read(), e.headers)
+
+
+def _decode(raw: bytes, headers):
+    if "application/json" in headers.get("Content-Type", ""):
+        return json.loads(raw)
+    return raw.decode("utf-8")
+
+
+def start_server(model: str | Path, *args: str, env: dict | None = None) -> Server:
+    """Start `python -m mlxserve` on a free port and wait until it says it is ready."""
+    command = [sys.executable, "-m", "mlxserve", "--model", str(model), "--port", "0", *args]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+    log: list[str] = []
+    ready = threading.Event()
+    url: list[str] = []
+
+    def read_output() -> None:
+        for line in process.stdout:
+            log.append(line)
+            if "mlxserve is ready:" in line and not ready.is_set():
+                url.append(line.split("ready:")[1].split()[0].removesuffix("/v1"))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read_output, daemon=True).start()
+    if not ready.wait(STARTUP_SECONDS) or not url:
+        process.kill()
+        raise RuntimeError("mlxserve did not start:\n" + "".join(log))
+    return Server(process, url[0], log)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return tiny_chat.build(cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model) -> Iterator[Server]:
+    srv = start_server(tiny_model, "--keepalive-seconds", "0.5")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def launch() -> Iterator:
+    """Start extra servers with their own flags; all are stopped after the test."""
+    started: list[Server] = []
+
+    def _launch(model, *args, env=None) -> Server:
+        srv = start_server(model, *args, env=env)
+        started.append(srv)
+        return srv
+
+    yield _launch
+    for srv in started:
+        srv.stop()
