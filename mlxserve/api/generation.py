@@ -67,8 +67,8 @@ class GenerationRun:
         return self._fmt.response(choices, self.usage)
 
     def stream(self, sse: SSEWriter, include_usage: bool, keepalive_seconds: float) -> None:
-        """Write every choice as SSE chunks; headers go out with the first chunk, so an
-        error before any output (a model that fails to load) is still a plain HTTP error."""
+        """Write every choice as SSE chunks; headers go out with the first chunk or
+        keepalive, so an early error (a model that fails to load) is a plain HTTP error."""
         started = False
 
         def send(payload: dict) -> None:
@@ -102,9 +102,12 @@ class GenerationRun:
 
     def _stream_choice(self, plan: ChoicePlan, send, keepalive) -> None:
         choice = _new_choice(plan)
-        if (start := self._fmt.start_chunk(plan.index)) is not None:
-            send(start)
+        # The role chunk waits for the first event, so that an error is still a plain reply.
+        pending_start = self._fmt.start_chunk(plan.index)
         for event in self._events(plan, on_idle=keepalive):
+            if pending_start is not None:
+                send(pending_start)
+                pending_start = None
             entries = []
             if (
                 isinstance(event, TokenEvent)

@@ -1,0 +1,126 @@
+"""Every client mistake is a 4xx with the OpenAI error object, and the server stays up."""
+
+from __future__ import annotations
+
+import pytest
+from conversations import BY_NAME
+
+CHAT = "/v1/chat/completions"
+MESSAGES = BY_NAME["capital"].messages
+
+
+@pytest.fixture(autouse=True)
+def server_still_answers(server):
+    yield
+    status, _, body = server.post(CHAT, {"messages": MESSAGES})
+    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+
+
+def assert_error(response, status, param=None, code=None, type="invalid_request_error"):
+    got_status, headers, body = response
+    assert got_status == status, body
+    assert headers["Content-Type"] == "application/json"
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == type and error["message"]
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{not json", b"\xff\xfe{}", b"[1, 2]", b"", b'"text"'],
+    ids=["malformed", "invalid-utf8", "array", "empty", "string"],
+)
+def test_bodies_that_are_not_a_json_object(server, raw):
+    assert_error(server.post(CHAT, raw), 400)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": "ten"}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"max_completion_tokens": -3}, "max_completion_tokens"),
+        ({"n": 0}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+        ({"stop": 3}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": ["a"] * 17}, "stop"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"frequency_penalty": "x"}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": 500}}, "logit_bias.1"),
+        ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+        ({"seed": "x"}, "seed"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"chat_template_kwargs": []}, "chat_template_kwargs"),
+        ({"xtc_threshold": 0.9}, "xtc_threshold"),
+    ],
+)
+def test_invalid_chat_fields(server, extra, param):
+    body = {"messages": MESSAGES, **extra}
+    assert_error(server.post(CHAT, body), 400, param=param)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [10**9]}, "prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+        ({"prompt": "hi", "logprobs": True}, "logprobs"),
+    ],
+)
+def test_invalid_completion_fields(server, body, param):
+    assert_error(server.post("/v1/completions", body), 400, param=param)
+
+
+def test_image_part_for_a_text_model(server):
+    parts = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]
+    response = server.post(CHAT, {"messages": [{"role": "user", "content": parts}]})
+    assert_error(response, 400, param="messages[0].content[1]", code="images_not_supported")
+
+
+def test_unknown_content_part(server):
+    parts = [{"type": "audio", "data": "x"}]
+    response = server.post(CHAT, {"messages": [{"role": "user", "content": parts}]})
+    assert_error(response, 400, param="messages[0].content[0]")
+
+
+def test_unknown_model(server):
+    response = server.post(CHAT, {"model": "nobody/nothing", "messages": MESSAGES})
+    assert_error(response, 404, param="model", code="model_not_found")
+    response = server.post("/v1/completions", {"model": "gpt-4", "prompt": "hi"})
+    assert_error(response, 404, param="model", code="model_not_found")
+
+
+def test_unknown_path_and_wrong_method(server):
+    assert_error(server.post("/v1/nothing", {}), 404, code="unknown_url")
+    assert_error(server.get("/v1/chat/completions"), 405, code="method_not_allowed")
+    assert_error(server.post("/v1/models", {}), 405, code="method_not_allowed")

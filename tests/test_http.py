@@ -1,0 +1,197 @@
+"""HTTP plumbing: health, models, CORS, API keys, body limits, keepalive, disconnects."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+from conversations import BY_NAME
+from sse import open_stream, stream
+from transformers import AutoTokenizer
+
+CHAT = "/v1/chat/completions"
+MESSAGES = BY_NAME["capital"].messages
+
+
+def connect(server) -> http.client.HTTPConnection:
+    parts = urlsplit(server.url)
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+
+def test_health(server):
+    for path in ("/health", "/v1/health"):
+        status, _, body = server.get(path)
+        assert status == 200 and body["status"] == "ok"
+
+
+def test_models(server, tiny_model):
+    status, _, body = server.get("/v1/models")
+    assert status == 200 and body["object"] == "list"
+    served = body["data"][0]
+    assert served == {
+        "id": str(tiny_model),
+        "object": "model",
+        "created": 0,
+        "owned_by": "mlxserve",
+    }
+    status, _, one = server.get(f"/v1/models/{tiny_model}")
+    assert status == 200 and one == served
+    status, _, missing = server.get("/v1/models/nobody/nothing")
+    assert status == 404 and missing["error"]["code"] == "model_not_found"
+
+
+def test_cors_preflight_and_origin(server):
+    conn = connect(server)
+    conn.request(
+        "OPTIONS",
+        CHAT,
+        headers={"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"},
+    )
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 204
+    allowed = response.getheader("Access-Control-Allow-Headers")
+    assert "Authorization" in allowed and "Content-Type" in allowed
+    assert "POST" in response.getheader("Access-Control-Allow-Methods")
+    assert response.getheader("Access-Control-Allow-Origin") == "*"
+    status, headers, _ = server.post(CHAT, {"messages": MESSAGES})
+    assert headers["Access-Control-Allow-Origin"] == "*"
+
+
+def test_allowed_origins(launch, tiny_model):
+    srv = launch(tiny_model, "--allowed-origins", "http://ui.example, http://other.example")
+    _, headers, _ = srv.get("/v1/models", headers={"Origin": "http://ui.example"})
+    assert headers["Access-Control-Allow-Origin"] == "http://ui.example"
+    _, headers, _ = srv.get("/v1/models", headers={"Origin": "http://evil.example"})
+    assert headers.get("Access-Control-Allow-Origin") is None
+
+
+def test_api_key(launch, tiny_model):
+    srv = launch(tiny_model, env={"MLXSERVE_API_KEY": "s3cret"})
+    status, _, body = srv.get("/v1/models")
+    assert status == 401
+    assert body["error"]["type"] == "authentication_error"
+    assert srv.get("/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert srv.post(CHAT, {"messages": MESSAGES})[0] == 401
+    assert srv.get("/v1/models", headers={"Authorization": "Bearer s3cret"})[0] == 200
+    assert srv.get("/v1/models", headers={"x-api-key": "s3cret"})[0] == 200
+    assert srv.get("/health")[0] == 200
+    client = openai.OpenAI(base_url=srv.base_url, api_key="s3cret")
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(model=model, messages=MESSAGES)
+    assert reply.choices[0].message.content == BY_NAME["capital"].reply
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=srv.base_url, api_key="nope").models.list()
+
+
+def test_body_limit(launch, tiny_model):
+    srv = launch(tiny_model, "--max-body-bytes", "2000")
+    big = {"messages": [{"role": "user", "content": "x" * 5000}]}
+    status, _, body = srv.post(CHAT, big)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    # A huge declared length is refused without reading (and waiting for) the body.
+    conn = connect(srv)
+    conn.putrequest("POST", CHAT)
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(10**9))
+    conn.endheaders()
+    response = conn.getresponse()
+    assert response.status == 413
+    assert json.loads(response.read())["error"]["code"] == "request_too_large"
+    conn.close()
+    status, _, body = srv.post(CHAT, {"messages": MESSAGES})
+    assert status == 200
+
+
+def chunked_post(server, payload: bytes, piece: int = 7):
+    conn = connect(server)
+    conn.putrequest("POST", CHAT)
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for i in range(0, len(payload), piece):
+        part = payload[i : i + piece]
+        conn.send(b"%x\r\n%s\r\n" % (len(part), part))
+    conn.send(b"0\r\n\r\n")
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def test_chunked_request_body(server, launch, tiny_model):
+    status, body = chunked_post(server, json.dumps({"messages": MESSAGES}).encode())
+    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+    small = launch(tiny_model, "--max-body-bytes", "100")
+    payload = json.dumps({"messages": [{"role": "user", "content": "y" * 500}]}).encode()
+    status, body = chunked_post(small, payload, piece=64)
+    assert status == 413
+
+
+def endless(tiny_model, **extra) -> dict:
+    """A request that never ends by itself: the end-of-turn token is forbidden."""
+    end = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids("<|im_end|>")
+    return {"messages": BY_NAME["story"].messages, "logit_bias": {str(end): -100}, **extra}
+
+
+def test_keepalive_comments_while_waiting(server, tiny_model):
+    busy = threading.Thread(target=server.post, args=(CHAT, endless(tiny_model, max_tokens=2500)))
+    busy.start()
+    time.sleep(0.3)
+    result = stream(server.url, CHAT, {"messages": MESSAGES})
+    busy.join()
+    assert result.comments and result.lines[0] == ": keepalive"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in result.chunks) == (
+        BY_NAME["capital"].reply
+    )
+
+
+def test_stream_disconnect_cancels_generation(server, tiny_model):
+    conn, response = open_stream(
+        server.url, CHAT, endless(tiny_model, max_tokens=10**6, stream=True)
+    )
+    for _ in range(5):
+        response.fp.readline()
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    # A million tokens would take many minutes: the next answer proves the slot is free.
+    status, _, body = server.post(CHAT, {"messages": MESSAGES}, timeout=60)
+    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+    assert any("client closed the connection" in line for line in server.log)
+
+
+def test_non_stream_disconnect_cancels_generation(server, tiny_model):
+    parts = urlsplit(server.url)
+    payload = json.dumps(endless(tiny_model, max_tokens=10**6)).encode()
+    sock = socket.create_connection((parts.hostname, parts.port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    time.sleep(1.0)
+    sock.close()
+    status, _, body = server.post(CHAT, {"messages": MESSAGES}, timeout=60)
+    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+
+
+def test_keep_alive_connection_serves_several_requests(server):
+    conn = connect(server)
+    for _ in range(3):
+        conn.request(
+            "POST", CHAT, json.dumps({"messages": MESSAGES}), {"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        assert (
+            json.loads(response.read())["choices"][0]["message"]["content"]
+            == BY_NAME["capital"].reply
+        )
+    conn.request("POST", CHAT, json.dumps({"messages": MESSAGES, "stream": True}), {})
+    response = conn.getresponse()
+    assert response.read().decode().endswith("data: [DONE]\n\n")
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
