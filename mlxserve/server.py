@@ -8,6 +8,7 @@ import time
 from http.server import ThreadingHTTPServer
 
 from mlxserve.api.endpoints import Endpoints
+from mlxserve.api.errors import APIError
 from mlxserve.api.handler import APIHandler
 from mlxserve.config import ServerConfig
 from mlxserve.engine.worker import GenerationWorker
@@ -40,7 +41,10 @@ def build_server(config: ServerConfig) -> MLXServer:
     worker = GenerationWorker(provider, config.prompt_cache_size)
     worker.start()
     start = time.perf_counter()
-    worker.call(lambda: provider.activate(provider.default))
+    try:
+        worker.call(lambda: provider.activate(provider.default))
+    except APIError as e:
+        raise SystemExit(f"mlxserve: {e.message}") from e
     log.info("Serving %r from %s (ready in %.1fs)", config.model, path, time.perf_counter() - start)
     return MLXServer(config, Endpoints(config, provider, worker))
 

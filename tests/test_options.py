@@ -1,0 +1,74 @@
+"""Server options that change how prompts are rendered or how the model is built."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+from conversations import BY_NAME
+from mlx.utils import tree_flatten
+from mlx_lm import load
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+CHAT = "/v1/chat/completions"
+
+PIRATE_TEMPLATE = (
+    "<|im_start|>system\nYou are a pirate.<|im_end|>\n"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{{ '<|im_start|>assistant\\n' }}"  # Jinja drops a bare trailing newline
+)
+
+
+def reply(server, messages, **extra):
+    status, _, body = server.post(CHAT, {"messages": messages, **extra})
+    assert status == 200, body
+    return body
+
+
+def test_chat_template_from_a_file(launch, tiny_model, tmp_path):
+    template = tmp_path / "pirate.jinja"
+    template.write_text(PIRATE_TEMPLATE)
+    srv = launch(tiny_model, "--chat-template", str(template))
+    body = reply(srv, [{"role": "user", "content": "Hello!"}])
+    assert body["choices"][0]["message"]["content"] == BY_NAME["system"].reply
+
+
+def test_chat_template_args_and_request_kwargs(server, launch, tiny_model):
+    messages = BY_NAME["capital"].messages
+    plain = reply(server, messages)["usage"]["prompt_tokens"]
+    per_request = reply(server, messages, chat_template_kwargs={"enable_thinking": False})
+    srv = launch(tiny_model, "--chat-template-args", json.dumps({"enable_thinking": False}))
+    server_wide = reply(srv, messages)
+    # The template closes an empty think block when thinking is off.
+    assert per_request["usage"]["prompt_tokens"] > plain
+    assert server_wide["usage"]["prompt_tokens"] == per_request["usage"]["prompt_tokens"]
+    overridden = reply(srv, messages, chat_template_kwargs={"enable_thinking": True})
+    assert overridden["usage"]["prompt_tokens"] == plain
+
+
+def test_draft_model(launch, tiny_model):
+    srv = launch(tiny_model, "--draft-model", str(tiny_model), "--num-draft-tokens", "2")
+    for name in ("capital", "story", "unicode"):
+        conv = BY_NAME[name]
+        body = reply(srv, conv.messages, max_tokens=400)
+        assert body["choices"][0]["message"]["content"] == conv.reply
+    again = reply(srv, BY_NAME["capital"].messages)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_adapter_path_changes_the_model(launch, tiny_model, tmp_path):
+    model, _ = load(str(tiny_model))
+    model.freeze()
+    lora = {"rank": 4, "scale": 10.0, "dropout": 0.0}
+    linear_to_lora_layers(model, 2, lora)
+    mx.random.seed(0)
+    adapters = {
+        name: mx.random.normal(value.shape) * 0.5
+        for name, value in tree_flatten(model.trainable_parameters())
+    }
+    mx.save_safetensors(str(tmp_path / "adapters.safetensors"), adapters)
+    config = {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": lora}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    srv = launch(tiny_model, "--adapter-path", str(tmp_path))
+    body = reply(srv, BY_NAME["capital"].messages, max_tokens=10)
+    assert body["choices"][0]["message"]["content"] != BY_NAME["capital"].reply
