@@ -66,6 +66,12 @@ def test_failed_load_keeps_the_previous_model(launch, tiny_model, model_dir):
     assert status == 200 and body["choices"][0]["message"]["content"] == REPLY
     attempts = loads(srv)
     assert len(attempts) == 2 and "broken" in attempts[1]  # the served model stayed loaded
+    # Streamed, the failure comes before any output: a plain JSON error, not a broken stream.
+    status, headers, body = srv.post(
+        CHAT, {"messages": MESSAGES, "model": "broken", "stream": True}
+    )
+    assert status == 400 and headers["Content-Type"] == "application/json"
+    assert body["error"]["code"] == "model_load_failed"
     assert srv.get("/health")[0] == 200
 
 

@@ -67,37 +67,23 @@ class GenerationRun:
         return self._fmt.response(choices, self.usage)
 
     def stream(self, sse: SSEWriter, include_usage: bool, keepalive_seconds: float) -> None:
-        """Write every choice as SSE chunks; headers go out with the first chunk or
-        keepalive, so an early error (a model that fails to load) is a plain HTTP error."""
-        started = False
-
-        def send(payload: dict) -> None:
-            nonlocal started
-            if not started:
-                sse.start()
-                started = True
-            sse.event(payload)
+        """Write every choice as SSE chunks. An error before any output (a model that
+        fails to load) is raised, to be answered as a plain HTTP error."""
 
         def keepalive() -> None:
-            nonlocal started
             if time.monotonic() - sse.last_write >= keepalive_seconds:
-                if not started:
-                    sse.start()
-                    started = True
                 sse.comment("keepalive")
 
         try:
             for plan in self._plans:
-                self._stream_choice(plan, send, keepalive)
+                self._stream_choice(plan, sse.event, keepalive)
         except APIError as e:
-            if not started:
+            if not sse.started:
                 raise
             sse.event(e.body())
         else:
             if include_usage:
-                send(self._fmt.usage_chunk(self.usage))
-        if not started:
-            sse.start()
+                sse.event(self._fmt.usage_chunk(self.usage))
         sse.done()
 
     def _stream_choice(self, plan: ChoicePlan, send, keepalive) -> None:

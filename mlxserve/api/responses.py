@@ -52,6 +52,7 @@ class ResponseFormat:
     """What chat and text completions share: ids, envelopes, usage."""
 
     id_prefix: ClassVar[str]
+    chunk_object: ClassVar[str]
     model: str
     texts: TokenTexts
     id: str = ""
@@ -70,6 +71,10 @@ class ResponseFormat:
             "choices": choices,
         }
 
+    def usage_chunk(self, usage: Usage) -> dict:
+        """The chunk after the last choice chunk when `include_usage` is set."""
+        return {**self.envelope(self.chunk_object, []), "usage": usage.to_dict()}
+
 
 class ChatFormat(ResponseFormat):
     id_prefix = "chatcmpl"
@@ -86,9 +91,6 @@ class ChatFormat(ResponseFormat):
 
     def finish_chunk(self, index: int, finish_reason: str) -> dict:
         return self._chunk(index, {}, finish_reason)
-
-    def usage_chunk(self, usage: Usage) -> dict:
-        return {**self.envelope(self.chunk_object, []), "usage": usage.to_dict()}
 
     def response(self, choices: list[Choice], usage: Usage) -> dict:
         out = []
@@ -134,9 +136,6 @@ class CompletionFormat(ResponseFormat):
         return self.envelope(
             self.chunk_object, [self._choice(index, "", [], 0, finish_reason, None)]
         )
-
-    def usage_chunk(self, usage: Usage) -> dict:
-        return {**self.envelope(self.chunk_object, []), "usage": usage.to_dict()}
 
     def response(self, choices: list[Choice], usage: Usage) -> dict:
         out = [

@@ -11,11 +11,18 @@ class ClientGone(Exception):
 
 
 class SSEWriter:
+    """Sends the response headers with the first event or comment, so that until then the
+    request can still be answered with a plain HTTP error."""
+
     def __init__(self, handler):
         self._handler = handler
+        self.started = False
         self.last_write = time.monotonic()
 
     def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
         handler = self._handler
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -31,10 +38,12 @@ class SSEWriter:
         self._write(f": {text}\n\n")
 
     def done(self) -> None:
+        self.start()
         self._write("data: [DONE]\n\n")
         self._send(b"0\r\n\r\n")
 
     def _write(self, text: str) -> None:
+        self.start()
         data = text.encode("utf-8")
         self._send(b"%x\r\n%s\r\n" % (len(data), data))
 
