@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mlxserve import __version__
 from mlxserve.config import SamplingDefaults, ServerConfig
+from mlxserve.postprocess import reasoning, tools
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,6 +62,23 @@ def parser() -> argparse.ArgumentParser:
         help="send an SSE comment when a stream has been silent this long",
     )
     p.add_argument(
+        "--reasoning-format",
+        default="separate",
+        choices=reasoning.FORMATS,
+        help="reasoning as reasoning_content fields (separate), inline <think> tags, "
+        "a <details> block, or hidden",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=sorted(reasoning.PARSERS),
+        help="override the reasoning tags detected from the tokenizer",
+    )
+    p.add_argument(
+        "--tool-parser",
+        choices=tools.names(),
+        help="override the tool-call format detected from the chat template",
+    )
+    p.add_argument(
         "--prompt-cache-size", type=int, default=10, help="prompt prefixes kept for reuse"
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -91,6 +109,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key or None,
         log_level=args.log_level,
         keepalive_seconds=args.keepalive_seconds,
+        reasoning_format=args.reasoning_format,
+        reasoning_parser=args.reasoning_parser,
+        tool_parser=args.tool_parser,
         prompt_cache_size=args.prompt_cache_size,
     )
 

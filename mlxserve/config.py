@@ -35,4 +35,7 @@ class ServerConfig:
     api_key: str | None = None
     log_level: str = "INFO"
     keepalive_seconds: float = 5.0
+    reasoning_format: str = "separate"
+    reasoning_parser: str | None = None  # None: detect from the tokenizer
+    tool_parser: str | None = None  # None: detect from the tokenizer
     prompt_cache_size: int = 10

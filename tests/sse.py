@@ -49,3 +49,42 @@ def stream(url: str, path: str, body: dict, headers: dict | None = None) -> Stre
 
 def chat_text(chunks: list[dict]) -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def chat_message(chunks: list[dict], index: int = 0) -> dict:
+    """Reassemble the assistant message of choice `index` from streamed deltas, checking
+    the tool-call delta protocol on the way (tool call ids left out, as in
+    Conversation.message)."""
+    message: dict = {"role": "assistant", "content": ""}
+    reasoning = ""
+    calls: list[dict] = []
+    for chunk in chunks:
+        if not chunk["choices"] or chunk["choices"][0]["index"] != index:
+            continue
+        delta = chunk["choices"][0]["delta"]
+        message["content"] += delta.get("content") or ""
+        assert delta.get("reasoning_content") == delta.get("reasoning")
+        reasoning += delta.get("reasoning_content") or ""
+        for call in delta.get("tool_calls", []):
+            if call["index"] == len(calls):  # the first delta of a call
+                assert call["id"].startswith("call_") and call["type"] == "function"
+                assert call["function"]["arguments"] == ""
+                calls.append({"type": "function", "function": dict(call["function"])})
+            else:
+                assert set(call) == {"index", "function"} and set(call["function"]) == {"arguments"}
+                calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
+    if calls:
+        message["tool_calls"] = calls
+        message["content"] = message["content"] or None
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning
+    return message
+
+
+def without_call_ids(message: dict) -> dict:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    for call in calls:
+        assert call.pop("id").startswith("call_")
+    return message

@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 from conversations import BY_NAME, CONVERSATIONS, LONG_ANSWER
-from sse import chat_text, stream
+from sse import chat_message, chat_text, stream, without_call_ids
 
 CHAT = "/v1/chat/completions"
 
@@ -22,9 +22,11 @@ def chat(server, messages, **extra):
 def test_every_trained_reply_is_exact(server, conv):
     body = chat(server, conv.messages, tools=conv.tools or None, max_tokens=400)
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": conv.reply}
-    assert choice["finish_reason"] == "stop"
+    assert without_call_ids(choice["message"]) == conv.message
+    assert choice["finish_reason"] == ("tool_calls" if conv.calls else "stop")
     assert choice["index"] == 0 and choice["logprobs"] is None
+    for markup in ("<think>", "</think>", "<tool_call>", "</tool_call>"):
+        assert markup not in (choice["message"]["content"] or "")
 
 
 def test_response_shape(server):
@@ -65,7 +67,8 @@ def test_stream_equals_non_stream(server, conv):
     assert result.status == 200
     assert result.headers["Content-Type"].startswith("text/event-stream")
     chunks = result.chunks
-    assert chat_text(chunks) == conv.reply
+    assert chat_message(chunks) == conv.message
+    assert chunks[-1]["choices"][0]["finish_reason"] == ("tool_calls" if conv.calls else "stop")
     assert "\ufffd" not in "".join(chat_text([c]) for c in chunks)
 
 

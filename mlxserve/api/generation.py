@@ -7,6 +7,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from mlxserve.api.errors import APIError
 from mlxserve.api.responses import Choice, ResponseFormat, TokenLogprob, Usage
@@ -20,6 +21,8 @@ from mlxserve.engine.worker import (
     TokenEvent,
 )
 from mlxserve.models.provider import ModelSpec
+from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
+from mlxserve.postprocess.output import TextOutput
 
 POLL_SECONDS = 0.25
 
@@ -41,6 +44,7 @@ class GenerationRun:
         plans: list[ChoicePlan],
         num_draft_tokens: int,
         client_gone: Callable[[], bool],
+        make_output: Callable[[list[int]], Any] | None = None,
     ):
         self._worker = worker
         self._spec = spec
@@ -48,21 +52,16 @@ class GenerationRun:
         self._plans = plans
         self._num_draft_tokens = num_draft_tokens
         self._client_gone = client_gone
+        # Text completions pass the model text through; chat parses it.
+        self._make_output = make_output or (lambda _prompt: TextOutput())
         self.usage = Usage()
 
     def collect(self) -> dict:
         """Run every choice to the end and return the whole response object."""
         choices = []
         for plan in self._plans:
-            choice = _new_choice(plan)
-            for event in self._events(plan, on_idle=lambda: None):
-                if isinstance(event, TokenEvent):
-                    choice.text += event.text
-                    if choice.logprobs is not None and event.logprob is not None:
-                        choice.logprobs.append(_entry(event))
-                else:
-                    choice.text += event.text
-                    choice.finish_reason = event.finish_reason
+            for choice, _events, _entries, finish_reason in self._steps(plan, lambda: None):
+                choice.finish_reason = finish_reason
             choices.append(choice)
         return self._fmt.response(choices, self.usage)
 
@@ -87,25 +86,46 @@ class GenerationRun:
         sse.done()
 
     def _stream_choice(self, plan: ChoicePlan, send, keepalive) -> None:
-        choice = _new_choice(plan)
         # The role chunk waits for the first event, so that an error is still a plain reply.
         pending_start = self._fmt.start_chunk(plan.index)
-        for event in self._events(plan, on_idle=keepalive):
+        for choice, events, entries, finish_reason in self._steps(plan, keepalive):
             if pending_start is not None:
                 send(pending_start)
                 pending_start = None
-            entries = []
-            if (
-                isinstance(event, TokenEvent)
-                and choice.logprobs is not None
-                and event.logprob is not None
-            ):
-                entries = [_entry(event)]
-            if event.text or entries:
-                send(self._fmt.text_chunk(choice, event.text, entries))
-                choice.text_offset += sum(len(self._fmt.texts(e.token).text) for e in entries)
-            if isinstance(event, FinishEvent):
-                send(self._fmt.finish_chunk(plan.index, event.finish_reason))
+            if entries and not events:
+                send(self._fmt.event_chunk(choice, None, entries))
+            for i, event in enumerate(events):
+                send(self._fmt.event_chunk(choice, event, entries if i == 0 else []))
+            choice.text_offset += sum(len(self._fmt.texts(e.token).text) for e in entries)
+            if finish_reason is not None:
+                send(self._fmt.finish_chunk(plan.index, finish_reason))
+
+    def _steps(self, plan: ChoicePlan, on_idle: Callable[[], None]) -> Iterator:
+        """For each generation event: (choice, output events, logprob entries, finish
+        reason or None), with the events already applied to the choice."""
+        choice = Choice(plan.index, logprobs=[] if plan.params.logprobs is not None else None)
+        output = self._make_output(plan.prompt)
+        for event in self._events(plan, on_idle):
+            was_reasoning = output.in_reasoning
+            items: list[Event] = output.feed(event.text)
+            entries, finish_reason = [], None
+            if isinstance(event, TokenEvent):
+                if was_reasoning or any(isinstance(i, Reasoning) for i in items):
+                    choice.reasoning_tokens += 1
+                if choice.logprobs is not None and event.logprob is not None:
+                    entries = [_entry(event)]
+                    choice.logprobs += entries
+            else:
+                items += output.finish()
+                finish_reason = event.finish_reason
+                if finish_reason == "stop" and (
+                    choice.tool_calls or any(isinstance(i, ToolCallStart) for i in items)
+                ):
+                    finish_reason = "tool_calls"
+                self.usage.reasoning_tokens += choice.reasoning_tokens
+            for item in items:
+                choice.add(item)
+            yield choice, items, entries, finish_reason
 
     def _events(self, plan: ChoicePlan, on_idle: Callable[[], None]) -> Iterator:
         """The job's token events up to its FinishEvent; cancels it if the client goes."""
@@ -144,10 +164,6 @@ class GenerationRun:
         if plan.counts_prompt:
             self.usage.prompt_tokens += event.prompt_tokens
             self.usage.cached_tokens += event.cached_tokens
-
-
-def _new_choice(plan: ChoicePlan) -> Choice:
-    return Choice(plan.index, logprobs=[] if plan.params.logprobs is not None else None)
 
 
 def _entry(event: TokenEvent) -> TokenLogprob:

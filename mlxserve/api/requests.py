@@ -106,7 +106,18 @@ class ChatRequest(GenerationRequest):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
     chat_template_kwargs: dict | None = None
+    reasoning_effort: str | None = None
+    enable_thinking: bool | None = None
+    thinking: bool | dict | None = None
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _effort(cls, value):
+        if value is not None and value.lower() not in ("low", "medium", "high"):
+            raise ValueError("must be 'low', 'medium' or 'high'")
+        return value.lower() if value else value
 
     @property
     def token_limit(self) -> int | None:

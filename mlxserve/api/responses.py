@@ -9,6 +9,13 @@ from typing import ClassVar
 
 from mlxserve import __version__
 from mlxserve.api.logprobs import TokenText, TokenTexts
+from mlxserve.postprocess.events import (
+    Content,
+    Event,
+    Reasoning,
+    ToolCallArguments,
+    ToolCallStart,
+)
 
 SYSTEM_FINGERPRINT = f"fp_mlxserve_{__version__}"
 
@@ -18,6 +25,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -25,7 +33,7 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
         }
 
 
@@ -38,13 +46,27 @@ class TokenLogprob:
 
 @dataclass
 class Choice:
-    """One choice as it accumulates."""
+    """One choice as it accumulates, from the same events that stream."""
 
     index: int
     text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     text_offset: int = 0  # characters covered by the logprobs already streamed
+    reasoning_tokens: int = 0
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Content):
+            self.text += event.text
+        elif isinstance(event, Reasoning):
+            self.reasoning += event.text
+        elif isinstance(event, ToolCallStart):
+            function = {"name": event.name, "arguments": ""}
+            self.tool_calls.append({"id": event.id, "type": "function", "function": function})
+        else:
+            self.tool_calls[-1]["function"]["arguments"] += event.text
 
 
 @dataclass
@@ -83,8 +105,8 @@ class ChatFormat(ResponseFormat):
     def start_chunk(self, index: int) -> dict | None:
         return self._chunk(index, {"role": "assistant", "content": ""})
 
-    def text_chunk(self, choice: Choice, text: str, entries: list[TokenLogprob]) -> dict:
-        chunk = self._chunk(choice.index, {"content": text} if text else {})
+    def event_chunk(self, choice: Choice, event: Event | None, entries: list[TokenLogprob]) -> dict:
+        chunk = self._chunk(choice.index, _delta(event))
         if choice.logprobs is not None:
             chunk["choices"][0]["logprobs"] = {"content": [self._entry(e) for e in entries]}
         return chunk
@@ -95,9 +117,17 @@ class ChatFormat(ResponseFormat):
     def response(self, choices: list[Choice], usage: Usage) -> dict:
         out = []
         for choice in choices:
+            message: dict = {
+                "role": "assistant",
+                "content": None if choice.tool_calls and not choice.text else choice.text,
+            }
+            if choice.reasoning:
+                message["reasoning_content"] = message["reasoning"] = choice.reasoning
+            if choice.tool_calls:
+                message["tool_calls"] = choice.tool_calls
             item = {
                 "index": choice.index,
-                "message": {"role": "assistant", "content": choice.text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": choice.finish_reason,
             }
@@ -121,6 +151,21 @@ class ChatFormat(ResponseFormat):
         return {"token": text.text, "logprob": logprob, "bytes": list(text.bytes)}
 
 
+def _delta(event: Event | None) -> dict:
+    """The chat delta for one event (empty for a chunk that only carries logprobs)."""
+    if isinstance(event, Content):
+        return {"content": event.text}
+    if isinstance(event, Reasoning):
+        return {"reasoning_content": event.text, "reasoning": event.text}
+    if isinstance(event, ToolCallStart):
+        function = {"name": event.name, "arguments": ""}
+        call = {"index": event.index, "id": event.id, "type": "function", "function": function}
+        return {"tool_calls": [call]}
+    if isinstance(event, ToolCallArguments):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+    return {}
+
+
 class CompletionFormat(ResponseFormat):
     id_prefix = "cmpl"
     chunk_object = "text_completion"
@@ -128,7 +173,8 @@ class CompletionFormat(ResponseFormat):
     def start_chunk(self, index: int) -> dict | None:
         return None
 
-    def text_chunk(self, choice: Choice, text: str, entries: list[TokenLogprob]) -> dict:
+    def event_chunk(self, choice: Choice, event: Event | None, entries: list[TokenLogprob]) -> dict:
+        text = event.text if isinstance(event, Content) else ""
         item = self._choice(choice.index, text, entries, choice.text_offset, None, choice)
         return self.envelope(self.chunk_object, [item])
 

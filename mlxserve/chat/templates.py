@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from jinja2 import TemplateError
 
@@ -10,6 +11,8 @@ from mlxserve.api.errors import bad_request
 from mlxserve.api.requests import ChatRequest, CompletionRequest, Message
 
 TEXT_PARTS = ("text", "input_text")
+# The gpt-oss convention clients such as Open WebUI and Dify use in the system prompt.
+_EFFORT_LINE = re.compile(r"^\s*reasoning:\s*(low|medium|high)\s*$", re.IGNORECASE | re.MULTILINE)
 IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
@@ -25,7 +28,7 @@ def render_chat(
         )
     messages = [_template_message(m, i) for i, m in enumerate(request.messages)]
     tools = request.tools if request.tools and request.tool_choice != "none" else None
-    kwargs = {**template_args, **(request.chat_template_kwargs or {})}
+    kwargs = {**template_args, **_request_template_kwargs(request, messages)}
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
     try:
@@ -35,6 +38,26 @@ def render_chat(
     except TemplateError as e:
         raise bad_request(f"The chat template rejected the messages: {e}", param="messages") from e
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _request_template_kwargs(request: ChatRequest, messages: list[dict]) -> dict:
+    """What a request tells the template: reasoning effort and thinking switches."""
+    kwargs: dict = {}
+    effort = request.reasoning_effort or _effort_from_system(messages)
+    if effort:
+        kwargs["reasoning_effort"] = effort
+    if request.enable_thinking is not None:
+        kwargs["enable_thinking"] = request.enable_thinking
+    if request.thinking is not None:
+        kwargs["thinking"] = request.thinking
+    return {**kwargs, **(request.chat_template_kwargs or {})}
+
+
+def _effort_from_system(messages: list[dict]) -> str | None:
+    for message in messages:
+        if message["role"] == "system" and (match := _EFFORT_LINE.search(message["content"])):
+            return match.group(1).lower()
+    return None
 
 
 def _template_message(message: Message, index: int) -> dict:

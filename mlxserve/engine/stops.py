@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mlxserve.textscan import earliest, partial_suffix
+
 
 class StopMatcher:
     """Feeds text through, holding back only what could still become a stop string.
@@ -18,11 +20,10 @@ class StopMatcher:
         if not self._stops:
             return text, False
         buffer = self._pending + text
-        hits = [i for i in (buffer.find(stop) for stop in self._stops) if i >= 0]
-        if hits:
+        if found := earliest(buffer, self._stops):
             self._pending = ""
-            return buffer[: min(hits)], True
-        keep = self._partial_suffix(buffer)
+            return buffer[: found[0]], True
+        keep = partial_suffix(buffer, self._stops)
         self._pending = buffer[len(buffer) - keep :]
         return buffer[: len(buffer) - keep], False
 
@@ -30,13 +31,3 @@ class StopMatcher:
         """The held-back text, once generation ended without completing a stop string."""
         text, self._pending = self._pending, ""
         return text
-
-    def _partial_suffix(self, buffer: str) -> int:
-        """Length of the longest suffix of `buffer` that is a proper prefix of a stop string."""
-        longest = 0
-        for stop in self._stops:
-            for size in range(min(len(stop) - 1, len(buffer)), longest, -1):
-                if buffer.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest

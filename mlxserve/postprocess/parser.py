@@ -1,0 +1,200 @@
+"""OutputParser: model text in, reasoning / content / tool-call events out, incrementally.
+
+One parser per choice. It is fed decoded text as generated and holds back only what may
+still become a marker; streamed deltas and the whole message are built from the same
+events, so the two are always identical.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+
+from mlxserve.postprocess.events import (
+    Content,
+    Event,
+    Reasoning,
+    ToolCallArguments,
+    ToolCallStart,
+)
+from mlxserve.postprocess.tools import ToolFormat
+from mlxserve.postprocess.tools.json_stream import JsonArgumentsStream
+from mlxserve.textscan import earliest, partial_suffix
+
+log = logging.getLogger(__name__)
+
+CONTENT, REASONING, TOOL = "content", "reasoning", "tool"
+
+
+@dataclass(frozen=True)
+class ThinkTags:
+    start: str
+    end: str
+
+
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+@dataclass
+class _OpenCall:
+    """A tool call whose markup is still arriving."""
+
+    index: int
+    ignored: bool  # beyond the first call with parallel_tool_calls false
+    stream: JsonArgumentsStream | None
+    body: str = ""
+    id: str = field(default_factory=new_call_id)
+    started: bool = False
+
+
+class OutputParser:
+    def __init__(
+        self,
+        think: ThinkTags | None = None,
+        tool_format: ToolFormat | None = None,
+        tools: list[dict] | None = None,
+        starts_in_reasoning: bool = False,
+        parallel_tool_calls: bool = True,
+    ):
+        self._think = think
+        self._format = tool_format
+        self._tools = tools
+        self._parallel = parallel_tool_calls
+        self._state = REASONING if think and starts_in_reasoning else CONTENT
+        self._buffer = ""
+        self._held_space = ""  # trailing whitespace, dropped if the segment ends there
+        self._segment_started = self._state == CONTENT  # strip leading space after markup
+        self._call: _OpenCall | None = None
+        self.tool_calls = 0
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self._state == REASONING
+
+    def feed(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        self._buffer += text
+        while True:
+            markers = self._markers()
+            found = earliest(self._buffer, markers)
+            if found is None:
+                keep = partial_suffix(self._buffer, markers)
+                ready, self._buffer = (
+                    self._buffer[: len(self._buffer) - keep],
+                    self._buffer[len(self._buffer) - keep :],
+                )
+                self._text(ready, events)
+                return events
+            index, marker = found
+            self._text(self._buffer[:index], events)
+            self._buffer = self._buffer[index + len(marker) :]
+            self._transition(marker, events)
+
+    def finish(self) -> list[Event]:
+        """Flush what was held back once generation has ended."""
+        events: list[Event] = []
+        self._text(self._buffer, events)
+        self._buffer = ""
+        if self._state == TOOL:
+            self._close_call(events)
+        elif self._state == CONTENT and self.tool_calls == 0 and self._held_space:
+            events.append(Content(self._held_space))
+        return events
+
+    def _markers(self) -> list[str]:
+        tool_start = [self._format.start] if self._format else []
+        if self._state == TOOL:
+            return [self._format.end] if self._format.end else []
+        if self._state == REASONING:
+            return [self._think.end, *tool_start]
+        return ([self._think.start] if self._think else []) + tool_start
+
+    def _transition(self, marker: str, events: list[Event]) -> None:
+        self._held_space = ""
+        if self._state == TOOL:
+            self._close_call(events)
+            self._enter(CONTENT)
+        elif self._format and marker == self._format.start:
+            ignored = not self._parallel and self.tool_calls > 0
+            stream = JsonArgumentsStream() if self._format.json_body else None
+            self._call = _OpenCall(self.tool_calls, ignored, stream)
+            self._state = TOOL
+        elif self._state == CONTENT:
+            self._enter(REASONING)
+        else:
+            self._enter(CONTENT)
+
+    def _enter(self, state: str) -> None:
+        self._state = state
+        self._segment_started = False
+
+    def _text(self, text: str, events: list[Event]) -> None:
+        if not text:
+            return
+        if self._state == TOOL:
+            self._feed_call(text, events)
+            return
+        if not self._segment_started:
+            text = text.lstrip()
+            if not text:
+                return
+            self._segment_started = True
+        body = text.rstrip()
+        text, self._held_space = self._held_space + body, text[len(body) :]
+        if text:
+            events.append(Reasoning(text) if self._state == REASONING else Content(text))
+
+    def _feed_call(self, text: str, events: list[Event]) -> None:
+        call = self._call
+        call.body += text
+        if call.stream is None or call.ignored:
+            return
+        fragment = call.stream.feed(text)
+        if not call.started and call.stream.name is not None:
+            call.started = True
+            events.append(ToolCallStart(call.index, call.id, call.stream.name))
+        if fragment and call.started:
+            events.append(ToolCallArguments(call.index, fragment))
+
+    def _close_call(self, events: list[Event]) -> None:
+        call, self._call = self._call, None
+        if call.ignored:
+            log.info("dropped a tool call: parallel_tool_calls is false")
+            return
+        if call.started:
+            self.tool_calls += 1
+            if not call.stream.streamed:
+                arguments = self._parse(call)
+                text = _arguments_json(arguments[0].get("arguments", {})) if arguments else "{}"
+                events.append(ToolCallArguments(call.index, text))
+            elif not call.stream.done:
+                log.warning("tool call arguments ended unfinished: %r", call.body)
+            return
+        parsed = self._parse(call)
+        if parsed is None:
+            events.append(Content(self._format.start + call.body + self._format.end))
+            return
+        for item in parsed:
+            if not self._parallel and self.tool_calls > 0:
+                log.info("dropped a tool call: parallel_tool_calls is false")
+                continue
+            index = self.tool_calls
+            events.append(ToolCallStart(index, item.get("id") or new_call_id(), item["name"]))
+            events.append(ToolCallArguments(index, _arguments_json(item.get("arguments", {}))))
+            self.tool_calls += 1
+
+    def _parse(self, call: _OpenCall) -> list[dict] | None:
+        """The calls in a finished body, or None (logged) when it does not parse."""
+        try:
+            parsed = self._format.parse(call.body, self._tools)
+        except Exception as e:
+            log.warning("unparsable tool call returned as content (%s): %r", e, call.body)
+            return None
+        return parsed if isinstance(parsed, list) else [parsed]
+
+
+def _arguments_json(arguments) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
