@@ -182,7 +182,7 @@ class OutputParser:
                 log.info("dropped a tool call: parallel_tool_calls is false")
                 continue
             index = self.tool_calls
-            events.append(ToolCallStart(index, item.get("id") or new_call_id(), item["name"]))
+            events.append(ToolCallStart(index, new_call_id(), item["name"]))
             events.append(ToolCallArguments(index, _arguments_json(item.get("arguments", {}))))
             self.tool_calls += 1
 

@@ -1,0 +1,153 @@
+"""OutputParser on recorded model text: every format, fed whole, in two pieces at every
+boundary, and one character at a time, must give the same result."""
+
+from __future__ import annotations
+
+import pytest
+from conversations import WEATHER_TOOL
+from tool_samples import SAMPLES
+
+from mlxserve.postprocess import tools
+from mlxserve.postprocess.events import Content, Reasoning, ToolCallArguments, ToolCallStart
+from mlxserve.postprocess.parser import OutputParser
+from mlxserve.postprocess.reasoning import THINK, ReasoningPresenter
+
+PARIS = ("get_weather", '{"city": "Paris"}')
+
+
+def summary(events) -> dict:
+    """What a client ends up with: content, reasoning, and (name, arguments) per call."""
+    out = {"content": "", "reasoning": "", "calls": []}
+    for event in events:
+        if isinstance(event, Content):
+            out["content"] += event.text
+        elif isinstance(event, Reasoning):
+            out["reasoning"] += event.text
+        elif isinstance(event, ToolCallStart):
+            assert event.index == len(out["calls"]) and event.id.startswith("call_")
+            out["calls"].append([event.name, ""])
+        else:
+            out["calls"][event.index][1] += event.text
+    out["calls"] = [tuple(c) for c in out["calls"]]
+    return out
+
+
+def run(pieces, **options) -> dict:
+    parser = OutputParser(**options)
+    events = []
+    for piece in pieces:
+        events += parser.feed(piece)
+    return summary(events + parser.finish())
+
+
+def every_split(text: str, expected: dict, **options) -> None:
+    assert run([text], **options) == expected
+    assert run(list(text), **options) == expected
+    for i in range(len(text) + 1):
+        assert run([text[:i], text[i:]], **options) == expected, i
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_every_format_at_every_boundary(name):
+    text = "Let me check.\n" + SAMPLES[name]
+    options = {"tool_format": tools.by_name(name), "tools": [WEATHER_TOOL]}
+    every_split(text, {"content": "Let me check.", "reasoning": "", "calls": [PARIS]}, **options)
+
+
+def test_every_mlx_lm_format_has_a_sample():
+    assert set(SAMPLES) == set(tools.FORMATS)
+
+
+def test_parallel_hermes_calls_leak_no_whitespace():
+    call = SAMPLES["json_tools"]
+    london = call.replace("Paris", "London")
+    text = f"\n{call}\n\n{london}\n"
+    expected = {
+        "content": "",
+        "reasoning": "",
+        "calls": [PARIS, ("get_weather", '{"city": "London"}')],
+    }
+    every_split(text, expected, tool_format=tools.by_name("hermes"))
+
+
+def test_think_then_content_then_call():
+    text = "<think>\nWeather needs a tool.\n</think>\n\nChecking." + SAMPLES["json_tools"]
+    expected = {"content": "Checking.", "reasoning": "Weather needs a tool.", "calls": [PARIS]}
+    every_split(text, expected, think=THINK, tool_format=tools.by_name("hermes"))
+
+
+def test_generation_that_starts_inside_reasoning():
+    text = "Thinking hard.\n</think>\n\nDone."
+    expected = {"content": "Done.", "reasoning": "Thinking hard.", "calls": []}
+    every_split(text, expected, think=THINK, starts_in_reasoning=True)
+
+
+def test_unterminated_reasoning_stays_reasoning():
+    expected = {"content": "", "reasoning": "I was cut off mid", "calls": []}
+    every_split("<think>I was cut off mid", expected, think=THINK)
+
+
+def test_think_tags_without_a_think_parser_are_content():
+    text = "<think>x</think>y"
+    assert run([text]) == {"content": text, "reasoning": "", "calls": []}
+
+
+def test_json_arguments_stream_before_the_call_closes():
+    parser = OutputParser(tool_format=tools.by_name("hermes"))
+    events = parser.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert isinstance(events[0], ToolCallStart) and events[0].name == "get_weather"
+    assert "".join(e.text for e in events[1:]) == '{"city": "Pa'
+    rest = parser.feed('ris"}}\n</tool_call>') + parser.finish()
+    assert [e.text for e in rest if isinstance(e, ToolCallArguments)] == ['ris"}']
+
+
+def test_unparsable_call_is_returned_as_content():
+    text = "<tool_call>\nnot json at all\n</tool_call>"
+    assert run([text], tool_format=tools.by_name("hermes")) == {
+        "content": text,
+        "reasoning": "",
+        "calls": [],
+    }
+
+
+def test_call_cut_off_by_length_keeps_what_streamed():
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    result = run([text], tool_format=tools.by_name("hermes"))
+    assert result["calls"] == [("get_weather", '{"city": "Par')]
+
+
+@pytest.mark.parametrize("name", ["json_tools", "qwen3_coder", "pythonic"])
+def test_parallel_tool_calls_false_keeps_the_first_call(name):
+    call = SAMPLES[name]
+    text = call + call.replace("Paris", "London")
+    result = run([text], tool_format=tools.by_name(name), parallel_tool_calls=False)
+    assert result["calls"] == [PARIS]
+    assert len(run([text], tool_format=tools.by_name(name))["calls"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "content"),
+    [
+        ("separate", "Answer."),
+        ("think-tags", "<think>Why.</think>\n\nAnswer."),
+        ("details", "<details>\n<summary>Thinking</summary>\n\nWhy.\n</details>\n\nAnswer."),
+        ("hidden", "Answer."),
+    ],
+)
+def test_reasoning_formats(mode, content):
+    presenter = ReasoningPresenter(mode)
+    parser = OutputParser(think=THINK)
+    events = []
+    for piece in "<think>Why.</think>Answer.":
+        events += presenter(parser.feed(piece))
+    events += presenter(parser.finish()) + presenter.finish()
+    result = summary(events)
+    assert result["content"] == content
+    assert result["reasoning"] == ("Why." if mode == "separate" else "")
+
+
+def test_unterminated_reasoning_is_closed_in_inline_formats():
+    presenter = ReasoningPresenter("think-tags")
+    parser = OutputParser(think=THINK)
+    events = presenter(parser.feed("<think>cut")) + presenter(parser.finish()) + presenter.finish()
+    assert summary(events)["content"] == "<think>cut</think>\n\n"

@@ -1,0 +1,35 @@
+"""Recorded model text for every tool-call format: "Let me check." then one call to
+get_weather(city="Paris"), in the format's own markup."""
+
+SAMPLES = {
+    "json_tools": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+    "glm47": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+    "laguna": "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+    "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+    "pythonic": '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
+    "function_gemma": "<start_function_call>call:get_weather{city:<escape>Paris<escape>}<end_function_call>",
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+    "kimi_k2": (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+    ),
+    "kimi_k3": (
+        '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+        '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+        "<|close|>call<|sep|><|close|>tools<|sep|>"
+    ),
+    "longcat": (
+        "<longcat_tool_call>get_weather\n<longcat_arg_key>city</longcat_arg_key>\n"
+        "<longcat_arg_value>Paris</longcat_arg_value>\n</longcat_tool_call>"
+    ),
+    "minicpm5": '<function name="get_weather"><param name="city">Paris</param></function>',
+    "minimax_m2": (
+        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+        "</invoke>\n</minimax:tool_call>"
+    ),
+    "muse_spark": (
+        '<atem:function_calls><atem:invoke name="get_weather">'
+        '<atem:parameter name="city">Paris</atem:parameter></atem:invoke></atem:function_calls>'
+    ),
+}
