@@ -9,6 +9,7 @@ from jinja2 import TemplateError
 
 from mlxserve.api.errors import bad_request
 from mlxserve.api.requests import ChatRequest, CompletionRequest, Message
+from mlxserve.postprocess.reasoning import THINK
 
 TEXT_PARTS = ("text", "input_text")
 # The gpt-oss convention clients such as Open WebUI and Dify use in the system prompt.
@@ -63,7 +64,11 @@ def _effort_from_system(messages: list[dict]) -> str | None:
 def _template_message(message: Message, index: int) -> dict:
     """The message as chat templates expect it: text content, object arguments."""
     role = "system" if message.role == "developer" else message.role
-    out: dict = {"role": role, "content": _text_content(message, index)}
+    content = _text_content(message, index)
+    reasoning = message.reasoning_content or message.reasoning or message.thinking
+    if role == "assistant" and not reasoning:
+        reasoning, content = _split_inline_reasoning(content)
+    out: dict = {"role": role, "content": content}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
@@ -80,10 +85,20 @@ def _template_message(message: Message, index: int) -> dict:
             }
             for call in message.tool_calls
         ]
-    reasoning = message.reasoning_content or message.reasoning or message.thinking
     if reasoning:
         out["reasoning_content"] = reasoning
     return out
+
+
+def _split_inline_reasoning(content: str) -> tuple[str | None, str]:
+    """Clients showing reasoning inline send it back as <think>...</think> in content;
+    templates expect it apart (most drop it from history)."""
+    start, end = THINK.start, THINK.end
+    stripped = content.lstrip()
+    if not stripped.startswith(start) or end not in stripped:
+        return None, content
+    reasoning, _, rest = stripped[len(start) :].partition(end)
+    return reasoning.strip(), rest.lstrip()
 
 
 def _text_content(message: Message, index: int) -> str:

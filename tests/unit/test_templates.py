@@ -1,0 +1,85 @@
+"""What requests tell the chat template, checked on the rendered prompt (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxserve.api.errors import APIError
+from mlxserve.api.requests import ChatRequest, validate
+from mlxserve.chat.templates import render_chat
+from mlxserve.models.tokenizer import load_text_tokenizer
+
+EFFORT_TEMPLATE = (
+    "{{ 'effort=' + (reasoning_effort | default('none')) + ';' }}"
+    "{% for m in messages %}{{ m.role + ':' + m.content + ';' }}"
+    "{% if m.reasoning_content %}{{ 'reasoning:' + m.reasoning_content + ';' }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}{{ 'call:' + c.function.name + '=' + (c.function.arguments | tojson) + ';' }}{% endfor %}"
+    "{% endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return load_text_tokenizer(tiny_model, trust_remote_code=False)
+
+
+def render(tokenizer, template=None, **body) -> str:
+    request = validate(ChatRequest, {"messages": [{"role": "user", "content": "Hi"}], **body})
+    return tokenizer.decode(render_chat(tokenizer, request, {}, template))
+
+
+def test_reasoning_effort_reaches_the_template(tokenizer):
+    assert render(tokenizer, EFFORT_TEMPLATE).startswith("effort=none;")
+    assert render(tokenizer, EFFORT_TEMPLATE, reasoning_effort="High").startswith("effort=high;")
+    system = [
+        {"role": "system", "content": "Be brief.\nReasoning: low"},
+        {"role": "user", "content": "Hi"},
+    ]
+    assert render(tokenizer, EFFORT_TEMPLATE, messages=system).startswith("effort=low;")
+    kwargs = {"reasoning_effort": "medium"}
+    assert render(tokenizer, EFFORT_TEMPLATE, chat_template_kwargs=kwargs).startswith(
+        "effort=medium;"
+    )
+
+
+def test_invalid_reasoning_effort_is_a_400():
+    with pytest.raises(APIError) as error:
+        validate(
+            ChatRequest, {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}
+        )
+    assert error.value.param == "reasoning_effort"
+
+
+def test_enable_thinking_reaches_the_template(tokenizer):
+    assert render(tokenizer).endswith("<|im_start|>assistant\n")
+    assert render(tokenizer, enable_thinking=False).endswith("<think>\n\n</think>\n\n")
+    off = {"enable_thinking": False}
+    assert render(tokenizer, chat_template_kwargs=off).endswith("<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking", "inline"])
+def test_reasoning_in_assistant_history(tokenizer, field):
+    assistant = {"role": "assistant", "content": "Four."}
+    if field == "inline":
+        assistant["content"] = "<think>\nTwo and two.\n</think>\n\nFour."
+    else:
+        assistant[field] = "Two and two."
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        assistant,
+        {"role": "user", "content": "Sure?"},
+    ]
+    prompt = render(tokenizer, EFFORT_TEMPLATE, messages=messages)
+    assert "assistant:Four.;reasoning:Two and two.;" in prompt
+
+
+def test_tool_call_arguments_reach_the_template_as_objects(tokenizer):
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+    ]
+    prompt = render(tokenizer, EFFORT_TEMPLATE, messages=messages)
+    assert 'call:f={"a": 1};' in prompt
+    assert "tool:done;" in prompt
