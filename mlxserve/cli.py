@@ -70,12 +70,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reasoning-parser",
-        choices=sorted(reasoning.PARSERS),
+        choices=[*sorted(reasoning.PARSERS), "harmony"],
         help="override the reasoning tags detected from the tokenizer",
     )
     p.add_argument(
         "--tool-parser",
-        choices=tools.names(),
+        choices=[*tools.names(), "harmony"],
         help="override the tool-call format detected from the chat template",
     )
     p.add_argument(

@@ -21,9 +21,7 @@ from mlxserve.config import SamplingDefaults, ServerConfig
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider
-from mlxserve.postprocess import reasoning, tools
-from mlxserve.postprocess.output import ChatOutput
-from mlxserve.postprocess.parser import OutputParser
+from mlxserve.postprocess.output import chat_output_factory
 
 
 @dataclass
@@ -63,33 +61,15 @@ class Endpoints:
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = _params(request, self.config.defaults, request.token_limit, logprobs, tokenizer)
         fmt = ChatFormat(self._model_name(request), TokenTexts(tokenizer))
-        make_output = self._chat_output(request, tokenizer)
+        make_output = chat_output_factory(
+            tokenizer,
+            reasoning_parser=self.config.reasoning_parser,
+            tool_parser=self.config.tool_parser,
+            reasoning_format=self.config.reasoning_format,
+            tools_in_request=request.tools if request.tool_choice != "none" else None,
+            parallel_tool_calls=request.parallel_tool_calls,
+        )
         return self._run(request, spec, fmt, [prompt], params, handler, make_output)
-
-    def _chat_output(self, request: ChatRequest, tokenizer):
-        """A factory of per-choice output pipelines for this request and model."""
-        config = self.config
-        if config.reasoning_parser is not None:
-            think = reasoning.PARSERS[config.reasoning_parser]
-        else:
-            think = reasoning.detect(tokenizer)
-        tool_format = None
-        if request.tools and request.tool_choice != "none":
-            tool_format = (
-                tools.by_name(config.tool_parser) if config.tool_parser else tools.detect(tokenizer)
-            )
-
-        def make(prompt: list[int]) -> ChatOutput:
-            parser = OutputParser(
-                think,
-                tool_format,
-                request.tools,
-                starts_in_reasoning=reasoning.starts_in_reasoning(tokenizer, prompt, think),
-                parallel_tool_calls=request.parallel_tool_calls,
-            )
-            return ChatOutput(parser, reasoning.ReasoningPresenter(config.reasoning_format))
-
-        return make
 
     def completion(self, raw: bytes, handler) -> dict | None:
         request = validate(CompletionRequest, parse_json_body(raw))

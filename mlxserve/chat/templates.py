@@ -9,6 +9,8 @@ from jinja2 import TemplateError
 
 from mlxserve.api.errors import bad_request
 from mlxserve.api.requests import ChatRequest, CompletionRequest, Message
+from mlxserve.postprocess.events import Content, Reasoning
+from mlxserve.postprocess.harmony import HarmonyParser
 from mlxserve.postprocess.reasoning import THINK
 
 TEXT_PARTS = ("text", "input_text")
@@ -86,13 +88,19 @@ def _template_message(message: Message, index: int) -> dict:
             for call in message.tool_calls
         ]
     if reasoning:
-        out["reasoning_content"] = reasoning
+        # Templates read one or the other (Qwen: reasoning_content, gpt-oss: thinking).
+        out["reasoning_content"] = out["thinking"] = reasoning
     return out
 
 
 def _split_inline_reasoning(content: str) -> tuple[str | None, str]:
-    """Clients showing reasoning inline send it back as <think>...</think> in content;
-    templates expect it apart (most drop it from history)."""
+    """Clients showing reasoning inline send it back as <think>...</think> (or raw harmony
+    channels) in content; templates expect it apart (most drop it from history)."""
+    if "<|channel|>" in content:
+        parser = HarmonyParser(tools_enabled=False)
+        events = parser.feed(content) + parser.finish()
+        reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+        return reasoning or None, "".join(e.text for e in events if isinstance(e, Content))
     start, end = THINK.start, THINK.end
     stripped = content.lstrip()
     if not stripped.startswith(start) or end not in stripped:

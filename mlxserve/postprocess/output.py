@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from mlxserve.postprocess import reasoning, tools
 from mlxserve.postprocess.events import Content, Event
+from mlxserve.postprocess.harmony import HarmonyParser, is_harmony
 from mlxserve.postprocess.parser import OutputParser
 from mlxserve.postprocess.reasoning import ReasoningPresenter
+
+HARMONY = "harmony"
 
 
 class TextOutput:
@@ -20,7 +26,7 @@ class TextOutput:
 
 
 class ChatOutput:
-    def __init__(self, parser: OutputParser, presenter: ReasoningPresenter):
+    def __init__(self, parser: OutputParser | HarmonyParser, presenter: ReasoningPresenter):
         self._parser = parser
         self._presenter = presenter
 
@@ -33,3 +39,41 @@ class ChatOutput:
 
     def finish(self) -> list[Event]:
         return self._presenter(self._parser.finish()) + self._presenter.finish()
+
+
+def chat_output_factory(
+    tokenizer,
+    *,
+    reasoning_parser: str | None,
+    tool_parser: str | None,
+    reasoning_format: str,
+    tools_in_request: list[dict] | None,
+    parallel_tool_calls: bool,
+) -> Callable[[list[int]], ChatOutput]:
+    """Per-choice output pipelines for one request: the formats named by flag, else the
+    ones detected from the tokenizer. Tool calls are parsed only when the request has tools."""
+    harmony = HARMONY in (reasoning_parser, tool_parser) or (
+        reasoning_parser is None and tool_parser is None and is_harmony(tokenizer)
+    )
+    if reasoning_parser is not None and reasoning_parser != HARMONY:
+        think = reasoning.PARSERS[reasoning_parser]
+    else:
+        think = reasoning.detect(tokenizer)
+    tool_format = None
+    if tools_in_request and not harmony:
+        tool_format = tools.by_name(tool_parser) if tool_parser else tools.detect(tokenizer)
+
+    def make(prompt: list[int]) -> ChatOutput:
+        if harmony:
+            parser = HarmonyParser(bool(tools_in_request), parallel_tool_calls)
+        else:
+            parser = OutputParser(
+                think,
+                tool_format,
+                tools_in_request,
+                starts_in_reasoning=reasoning.starts_in_reasoning(tokenizer, prompt, think),
+                parallel_tool_calls=parallel_tool_calls,
+            )
+        return ChatOutput(parser, ReasoningPresenter(reasoning_format))
+
+    return make

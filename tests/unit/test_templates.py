@@ -83,3 +83,14 @@ def test_tool_call_arguments_reach_the_template_as_objects(tokenizer):
     prompt = render(tokenizer, EFFORT_TEMPLATE, messages=messages)
     assert 'call:f={"a": 1};' in prompt
     assert "tool:done;" in prompt
+
+
+def test_raw_harmony_history_is_split(tokenizer):
+    raw = "<|channel|>analysis<|message|>Two and two.<|end|><|start|>assistant<|channel|>final<|message|>Four."
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": raw},
+        {"role": "user", "content": "Sure?"},
+    ]
+    prompt = render(tokenizer, EFFORT_TEMPLATE, messages=messages)
+    assert "assistant:Four.;reasoning:Two and two.;" in prompt
