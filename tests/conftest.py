@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fixture_models
 import pytest
-import tiny_chat
 
 from mlxserve.models.demo import cache_root
 
@@ -98,7 +98,14 @@ def start_server(model: str | Path, *args: str, env: dict | None = None) -> Serv
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    return tiny_chat.build(cache_root() / "fixtures")
+    """The Qwen3-architecture chat model (ChatML with tools and <think>)."""
+    return fixture_models.build(fixture_models.TINY_CHAT, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def harmony_model() -> Path:
+    """The gpt-oss-architecture model with a harmony template."""
+    return fixture_models.build(fixture_models.TINY_HARMONY, cache_root() / "fixtures")
 
 
 @pytest.fixture(scope="session")
