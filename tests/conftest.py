@@ -103,6 +103,12 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_model() -> Path:
+    """A model whose Gemma-style template has no tools and no system role."""
+    return fixture_models.build(fixture_models.TINY_GEMMA, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
 def harmony_model() -> Path:
     """The gpt-oss-architecture model with a harmony template."""
     return fixture_models.build(fixture_models.TINY_HARMONY, cache_root() / "fixtures")

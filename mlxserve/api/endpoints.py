@@ -17,6 +17,7 @@ from mlxserve.api.requests import (
 from mlxserve.api.responses import ChatFormat, CompletionFormat, ResponseFormat
 from mlxserve.api.sse import SSEWriter
 from mlxserve.chat.templates import encode_prompts, render_chat
+from mlxserve.chat.tool_prompt import injects_tools
 from mlxserve.config import SamplingDefaults, ServerConfig
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
@@ -55,8 +56,10 @@ class Endpoints:
         if request.top_logprobs is not None and not request.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
         spec, tokenizer = self._model(request)
+        tools = request.tools if request.tool_choice != "none" else None
+        injected = injects_tools(tokenizer, self.config.chat_template, tools)
         prompt = render_chat(
-            tokenizer, request, self.config.chat_template_args, self.config.chat_template
+            tokenizer, request, self.config.chat_template_args, self.config.chat_template, injected
         )
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = _params(request, self.config.defaults, request.token_limit, logprobs, tokenizer)
@@ -66,8 +69,9 @@ class Endpoints:
             reasoning_parser=self.config.reasoning_parser,
             tool_parser=self.config.tool_parser,
             reasoning_format=self.config.reasoning_format,
-            tools_in_request=request.tools if request.tool_choice != "none" else None,
+            tools_in_request=tools,
             parallel_tool_calls=request.parallel_tool_calls,
+            injected_tools=injected,
         )
         return self._run(request, spec, fmt, [prompt], params, handler, make_output)
 

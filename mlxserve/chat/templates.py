@@ -9,6 +9,7 @@ from jinja2 import TemplateError
 
 from mlxserve.api.errors import bad_request
 from mlxserve.api.requests import ChatRequest, CompletionRequest, Message
+from mlxserve.chat import tool_prompt
 from mlxserve.postprocess.events import Content, Reasoning
 from mlxserve.postprocess.harmony import HarmonyParser
 from mlxserve.postprocess.reasoning import THINK
@@ -20,9 +21,14 @@ IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
 def render_chat(
-    tokenizer, request: ChatRequest, template_args: dict, chat_template: str | None
+    tokenizer,
+    request: ChatRequest,
+    template_args: dict,
+    chat_template: str | None,
+    inject_tools: bool = False,
 ) -> list[int]:
-    """Render the conversation with the model's template and tokenize it."""
+    """Render the conversation with the model's template and tokenize it; with
+    `inject_tools`, the tools go into the prompt as text (see tool_prompt)."""
     if not tokenizer.has_chat_template and chat_template is None:
         raise bad_request(
             "This model has no chat template; use /v1/completions or start the server "
@@ -31,15 +37,27 @@ def render_chat(
         )
     messages = [_template_message(m, i) for i, m in enumerate(request.messages)]
     tools = request.tools if request.tools and request.tool_choice != "none" else None
+    if inject_tools:
+        messages, tools = tool_prompt.inject_tools(messages, tools), None
     kwargs = {**template_args, **_request_template_kwargs(request, messages)}
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+
+    def apply(conversation: list[dict]) -> str:
+        return tokenizer.apply_chat_template(
+            conversation, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
         )
+
+    try:
+        text = apply(messages)
     except TemplateError as e:
-        raise bad_request(f"The chat template rejected the messages: {e}", param="messages") from e
+        # Templates such as Gemma's refuse system turns or repeated roles: try once more.
+        try:
+            text = apply(tool_prompt.strict_alternation(messages))
+        except TemplateError:
+            raise bad_request(
+                f"The chat template rejected the messages: {e}", param="messages"
+            ) from e
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -49,9 +49,11 @@ def chat_output_factory(
     reasoning_format: str,
     tools_in_request: list[dict] | None,
     parallel_tool_calls: bool,
+    injected_tools: bool = False,
 ) -> Callable[[list[int]], ChatOutput]:
     """Per-choice output pipelines for one request: the formats named by flag, else the
-    ones detected from the tokenizer. Tool calls are parsed only when the request has tools."""
+    ones detected from the tokenizer (```tool_code for tools injected into the prompt).
+    Tool calls are parsed only when the request has tools."""
     harmony = HARMONY in (reasoning_parser, tool_parser) or (
         reasoning_parser is None and tool_parser is None and is_harmony(tokenizer)
     )
@@ -61,7 +63,12 @@ def chat_output_factory(
         think = reasoning.detect(tokenizer)
     tool_format = None
     if tools_in_request and not harmony:
-        tool_format = tools.by_name(tool_parser) if tool_parser else tools.detect(tokenizer)
+        if tool_parser:
+            tool_format = tools.by_name(tool_parser)
+        elif injected_tools:
+            tool_format = tools.by_name("tool_code")
+        else:
+            tool_format = tools.detect(tokenizer)
 
     def make(prompt: list[int]) -> ChatOutput:
         if harmony:

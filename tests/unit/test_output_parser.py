@@ -54,7 +54,7 @@ def test_every_format_at_every_boundary(name):
     every_split(text, {"content": "Let me check.", "reasoning": "", "calls": [PARIS]}, **options)
 
 
-def test_every_mlx_lm_format_has_a_sample():
+def test_every_format_has_a_sample():
     assert set(SAMPLES) == set(tools.FORMATS)
 
 

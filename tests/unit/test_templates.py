@@ -94,3 +94,55 @@ def test_raw_harmony_history_is_split(tokenizer):
     ]
     prompt = render(tokenizer, EFFORT_TEMPLATE, messages=messages)
     assert "assistant:Four.;reasoning:Two and two.;" in prompt
+
+
+def test_tool_signature_and_literals():
+    from conversations import WEATHER_TOOL
+
+    from mlxserve.chat.tool_prompt import python_literal, signature
+
+    assert signature(WEATHER_TOOL) == (
+        "def get_weather(city: str):\n"
+        '    """Get the current weather in a city.\n\n'
+        "    Args:\n        city: The city name.\n"
+        '    """'
+    )
+    assert python_literal({"a": [True, None, 1.5, "x"]}) == '{"a": [True, None, 1.5, "x"]}'
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        ('get_weather(city="Paris")', [{"city": "Paris"}]),
+        ('get_weather("Paris")', [{"city": "Paris"}]),
+        ("get_weather --city 'New York'", [{"city": "New York"}]),
+        ("get_weather --city=Rome", [{"city": "Rome"}]),
+        ("get_weather Paris\nget_weather city=Oslo", [{"city": "Paris"}, {"city": "Oslo"}]),
+    ],
+)
+def test_tool_code_call_styles(text, calls):
+    from conversations import WEATHER_TOOL
+
+    from mlxserve.postprocess.tools.tool_code import parse_tool_call
+
+    parsed = parse_tool_call(text, [WEATHER_TOOL])
+    assert [c["name"] for c in parsed] == ["get_weather"] * len(calls)
+    assert [c["arguments"] for c in parsed] == calls
+
+
+def test_tool_code_with_too_many_positional_arguments_is_refused():
+    from conversations import WEATHER_TOOL
+
+    from mlxserve.postprocess.tools.tool_code import parse_tool_call
+
+    with pytest.raises(ValueError):
+        parse_tool_call('get_weather("Paris", "France")', [WEATHER_TOOL])
+
+
+def test_tool_code_mixed_styles():
+    from conversations import WEATHER_TOOL
+
+    from mlxserve.postprocess.tools.tool_code import parse_tool_call
+
+    parsed = parse_tool_call('get_weather("London")\nget_weather --city Rome', [WEATHER_TOOL])
+    assert [c["arguments"] for c in parsed] == [{"city": "London"}, {"city": "Rome"}]

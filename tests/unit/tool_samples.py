@@ -2,6 +2,7 @@
 get_weather(city="Paris"), in the format's own markup."""
 
 SAMPLES = {
+    "tool_code": '```tool_code\nget_weather(city="Paris")\n```',
     "json_tools": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
     "glm47": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import mlx_lm.tool_parsers
 
+from mlxserve.postprocess.tools import tool_code
+
 # Formats whose call body is {"name": ..., "arguments": {...}}: arguments can be streamed.
 JSON_BODY_FORMATS = {"json_tools"}
 ALIASES = {"hermes": "json_tools", "qwen": "json_tools"}
@@ -44,6 +46,10 @@ def _mlx_lm_formats() -> dict[str, ToolFormat]:
 
 
 FORMATS = _mlx_lm_formats()
+# Our own: calls in ```tool_code blocks, for tools injected into the prompt.
+FORMATS["tool_code"] = ToolFormat(
+    "tool_code", tool_code.tool_call_start, tool_code.tool_call_end, tool_code.parse_tool_call
+)
 
 
 def names() -> list[str]:
