@@ -22,3 +22,13 @@ def earliest(buffer: str, markers: list[str]) -> tuple[int, str] | None:
         return None
     index, _, marker = min(hits)
     return index, marker
+
+
+def scan(buffer: str, markers: list[str]) -> tuple[str, str | None, str]:
+    """Split `buffer` at its first marker: (text before it, the marker, the rest). With no
+    marker in it: (the text that is safe to pass on, None, a possible partial marker)."""
+    if found := earliest(buffer, markers):
+        index, marker = found
+        return buffer[:index], marker, buffer[index + len(marker) :]
+    cut = len(buffer) - partial_suffix(buffer, markers)
+    return buffer[:cut], None, buffer[cut:]

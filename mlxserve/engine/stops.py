@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxserve.textscan import earliest, partial_suffix
+from mlxserve.textscan import scan
 
 
 class StopMatcher:
@@ -19,13 +19,10 @@ class StopMatcher:
     def feed(self, text: str) -> tuple[str, bool]:
         if not self._stops:
             return text, False
-        buffer = self._pending + text
-        if found := earliest(buffer, self._stops):
+        ready, stop, self._pending = scan(self._pending + text, self._stops)
+        if stop is not None:
             self._pending = ""
-            return buffer[: found[0]], True
-        keep = partial_suffix(buffer, self._stops)
-        self._pending = buffer[len(buffer) - keep :]
-        return buffer[: len(buffer) - keep], False
+        return ready, stop is not None
 
     def flush(self) -> str:
         """The held-back text, once generation ended without completing a stop string."""

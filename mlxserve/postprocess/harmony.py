@@ -23,7 +23,7 @@ from mlxserve.postprocess.events import (
     ToolCallStart,
 )
 from mlxserve.postprocess.parser import new_call_id
-from mlxserve.textscan import earliest, partial_suffix
+from mlxserve.textscan import scan
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,10 @@ class HarmonyParser:
         self._buffer += text
         while True:
             markers = [MESSAGE] if self._state == HEADER else BODY_ENDS
-            found = earliest(self._buffer, markers)
-            if found is None:
-                keep = len(self._buffer) - partial_suffix(self._buffer, markers)
-                self._text(self._buffer[:keep], events)
-                self._buffer = self._buffer[keep:]
+            ready, marker, self._buffer = scan(self._buffer, markers)
+            self._text(ready, events)
+            if marker is None:
                 return events
-            index, marker = found
-            self._text(self._buffer[:index], events)
-            self._buffer = self._buffer[index + len(marker) :]
             if self._state == HEADER:
                 self._open_message(events)
             else:

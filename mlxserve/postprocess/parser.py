@@ -21,7 +21,7 @@ from mlxserve.postprocess.events import (
 )
 from mlxserve.postprocess.tools import ToolFormat
 from mlxserve.postprocess.tools.json_stream import JsonArgumentsStream
-from mlxserve.textscan import earliest, partial_suffix
+from mlxserve.textscan import scan
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +78,10 @@ class OutputParser:
         events: list[Event] = []
         self._buffer += text
         while True:
-            markers = self._markers()
-            found = earliest(self._buffer, markers)
-            if found is None:
-                keep = partial_suffix(self._buffer, markers)
-                ready, self._buffer = (
-                    self._buffer[: len(self._buffer) - keep],
-                    self._buffer[len(self._buffer) - keep :],
-                )
-                self._text(ready, events)
+            ready, marker, self._buffer = scan(self._buffer, self._markers())
+            self._text(ready, events)
+            if marker is None:
                 return events
-            index, marker = found
-            self._text(self._buffer[:index], events)
-            self._buffer = self._buffer[index + len(marker) :]
             self._transition(marker, events)
 
     def finish(self) -> list[Event]:
