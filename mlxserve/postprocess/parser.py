@@ -7,10 +7,10 @@ events, so the two are always identical.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxserve.postprocess.events import (
     Content,
@@ -20,7 +20,7 @@ from mlxserve.postprocess.events import (
     ToolCallStart,
 )
 from mlxserve.postprocess.tools import ToolFormat
-from mlxserve.postprocess.tools.json_stream import JsonArgumentsStream
+from mlxserve.postprocess.tools.reparse_stream import arguments_json
 from mlxserve.textscan import scan
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class _OpenCall:
 
     index: int
     ignored: bool  # beyond the first call with parallel_tool_calls false
-    stream: JsonArgumentsStream | None
+    stream: Any  # the format's argument stream, None when arguments come on close
     body: str = ""
     id: str = field(default_factory=new_call_id)
     started: bool = False
@@ -110,7 +110,7 @@ class OutputParser:
             self._enter(CONTENT)
         elif self._format and marker == self._format.start:
             ignored = not self._parallel and self.tool_calls > 0
-            stream = JsonArgumentsStream() if self._format.json_body else None
+            stream = self._format.argument_stream(self._tools)
             self._call = _OpenCall(self.tool_calls, ignored, stream)
             self._state = TOOL
         elif self._state == CONTENT:
@@ -157,35 +157,26 @@ class OutputParser:
             return
         if call.started:
             self.tool_calls += 1
-            if not call.stream.streamed:
-                arguments = self._parse(call)
-                text = _arguments_json(arguments[0].get("arguments", {})) if arguments else "{}"
-                events.append(ToolCallArguments(call.index, text))
-            elif not call.stream.done:
-                log.warning("tool call arguments ended unfinished: %r", call.body)
+            rest, more = call.stream.close()
+            if rest:
+                events.append(ToolCallArguments(call.index, rest))
+            self._emit_calls(more, events)
             return
-        parsed = self._parse(call)
-        if parsed is None:
+        try:
+            parsed = self._format.parse(call.body, self._tools)
+        except Exception as e:
+            log.warning("unparsable tool call returned as content (%s): %r", e, call.body)
             events.append(Content(self._format.start + call.body + self._format.end))
             return
-        for item in parsed:
+        self._emit_calls(parsed if isinstance(parsed, list) else [parsed], events)
+
+    def _emit_calls(self, calls: list[dict], events: list[Event]) -> None:
+        """Whole calls, each a start and all its arguments at once."""
+        for item in calls:
             if not self._parallel and self.tool_calls > 0:
                 log.info("dropped a tool call: parallel_tool_calls is false")
                 continue
             index = self.tool_calls
             events.append(ToolCallStart(index, new_call_id(), item["name"]))
-            events.append(ToolCallArguments(index, _arguments_json(item.get("arguments", {}))))
+            events.append(ToolCallArguments(index, arguments_json(item.get("arguments", {}))))
             self.tool_calls += 1
-
-    def _parse(self, call: _OpenCall) -> list[dict] | None:
-        """The calls in a finished body, or None (logged) when it does not parse."""
-        try:
-            parsed = self._format.parse(call.body, self._tools)
-        except Exception as e:
-            log.warning("unparsable tool call returned as content (%s): %r", e, call.body)
-            return None
-        return parsed if isinstance(parsed, list) else [parsed]
-
-
-def _arguments_json(arguments) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conversations import WEATHER_TOOL
-from tool_samples import SAMPLES
+from tool_samples import FORECAST_TOOL, SAMPLES, STREAMING_SAMPLES
 
 from mlxserve.postprocess import tools
 from mlxserve.postprocess.events import Content, Reasoning, ToolCallArguments, ToolCallStart
@@ -92,13 +92,22 @@ def test_think_tags_without_a_think_parser_are_content():
     assert run([text]) == {"content": text, "reasoning": "", "calls": []}
 
 
-def test_json_arguments_stream_before_the_call_closes():
-    parser = OutputParser(tool_format=tools.by_name("hermes"))
-    events = parser.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
-    assert isinstance(events[0], ToolCallStart) and events[0].name == "get_weather"
-    assert "".join(e.text for e in events[1:]) == '{"city": "Pa'
-    rest = parser.feed('ris"}}\n</tool_call>') + parser.finish()
-    assert [e.text for e in rest if isinstance(e, ToolCallArguments)] == ['ris"}']
+@pytest.mark.parametrize("name", sorted(STREAMING_SAMPLES))
+def test_arguments_stream_before_the_call_closes(name):
+    head, tail = STREAMING_SAMPLES[name]
+    options = {"tool_format": tools.by_name(name), "tools": [FORECAST_TOOL]}
+    parser = OutputParser(**options)
+    events = parser.feed(head)
+    assert isinstance(events[0], ToolCallStart) and events[0].name == "forecast"
+    assert "".join(e.text for e in events[1:]) == '{"city": "Paris"'
+    rest = parser.feed(tail) + parser.finish()
+    assert "".join(e.text for e in rest if isinstance(e, ToolCallArguments)) == ', "days": 3}'
+    expected = {
+        "content": "",
+        "reasoning": "",
+        "calls": [("forecast", '{"city": "Paris", "days": 3}')],
+    }
+    every_split(head + tail, expected, **options)
 
 
 def test_unparsable_call_is_returned_as_content():

@@ -34,3 +34,56 @@ SAMPLES = {
         '<atem:parameter name="city">Paris</atem:parameter></atem:invoke></atem:function_calls>'
     ),
 }
+
+# Two parameters, for formats whose arguments stream before the call closes: the text up to
+# the end of the first parameter, and the rest.
+FORECAST_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "forecast",
+        "description": "The weather forecast.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        },
+    },
+}
+STREAMING_SAMPLES = {
+    "json_tools": (
+        '<tool_call>\n{"name": "forecast", "arguments": {"city": "Paris"',
+        ', "days": 3}}\n</tool_call>',
+    ),
+    "qwen3_coder": (
+        "<tool_call>\n<function=forecast>\n<parameter=city>\nParis\n</parameter>\n",
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    ),
+    "glm47": (
+        "<tool_call>forecast\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n",
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+    ),
+    "longcat": (
+        "<longcat_tool_call>forecast\n<longcat_arg_key>city</longcat_arg_key>\n"
+        "<longcat_arg_value>Paris</longcat_arg_value>\n",
+        "<longcat_arg_key>days</longcat_arg_key>\n<longcat_arg_value>3</longcat_arg_value>\n"
+        "</longcat_tool_call>",
+    ),
+    "minimax_m2": (
+        '<minimax:tool_call>\n<invoke name="forecast">\n<parameter name="city">Paris</parameter>\n',
+        '<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>',
+    ),
+    "minicpm5": (
+        '<function name="forecast"><param name="city">Paris</param>',
+        '<param name="days">3</param></function>',
+    ),
+    "muse_spark": (
+        '<atem:function_calls><atem:invoke name="forecast">'
+        '<atem:parameter name="city">Paris</atem:parameter>',
+        '<atem:parameter name="days">3</atem:parameter></atem:invoke></atem:function_calls>',
+    ),
+    "kimi_k3": (
+        '<|open|>tools<|sep|><|open|>call tool="forecast" index="1"<|sep|>'
+        '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>',
+        '<|open|>argument key="days" type="integer"<|sep|>3<|close|>argument<|sep|>'
+        "<|close|>call<|sep|><|close|>tools<|sep|>",
+    ),
+}

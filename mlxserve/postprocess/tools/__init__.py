@@ -15,9 +15,23 @@ from dataclasses import dataclass
 import mlx_lm.tool_parsers
 
 from mlxserve.postprocess.tools import tool_code
+from mlxserve.postprocess.tools.json_stream import JsonArgumentsStream
+from mlxserve.postprocess.tools.reparse_stream import ReparseArgumentsStream
 
-# Formats whose call body is {"name": ..., "arguments": {...}}: arguments can be streamed.
+# Formats whose call body is {"name": ..., "arguments": {...}}: arguments stream as written.
 JSON_BODY_FORMATS = {"json_tools"}
+# XML-style formats whose partial body parses once closed with this suffix: arguments
+# stream parameter by parameter (see reparse_stream).
+REPARSE_SUFFIXES = {
+    "qwen3_coder": "</function>",
+    "glm47": "",
+    "laguna": "",
+    "longcat": "",
+    "minimax_m2": "</invoke>",
+    "minicpm5": "",
+    "muse_spark": "</atem:invoke>",
+    "kimi_k3": "<|close|>call<|sep|>",
+}
 ALIASES = {"hermes": "json_tools", "qwen": "json_tools"}
 
 
@@ -28,6 +42,15 @@ class ToolFormat:
     end: str  # "" when a call runs to the end of the reply
     parse: Callable  # (body text, tools) -> {"name", "arguments"} or a list of them
     json_body: bool = False
+    reparse_suffix: str | None = None
+
+    def argument_stream(self, tools: list[dict] | None):
+        """How this format streams a call's arguments, or None: all at once on close."""
+        if self.json_body:
+            return JsonArgumentsStream(self.parse, tools)
+        if self.reparse_suffix is not None:
+            return ReparseArgumentsStream(self.parse, tools, self.reparse_suffix)
+        return None
 
 
 def _mlx_lm_formats() -> dict[str, ToolFormat]:
@@ -41,6 +64,7 @@ def _mlx_lm_formats() -> dict[str, ToolFormat]:
                 module.tool_call_end,
                 module.parse_tool_call,
                 json_body=info.name in JSON_BODY_FORMATS,
+                reparse_suffix=REPARSE_SUFFIXES.get(info.name),
             )
     return formats
 

@@ -8,14 +8,22 @@ the value is complete. The fragments concatenate to the exact JSON text the mode
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections.abc import Callable
+
+from mlxserve.postprocess.tools.reparse_stream import arguments_json
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r'"name"\s*:\s*("(?:[^"\\]|\\.)*")')
 _ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
 
 class JsonArgumentsStream:
-    def __init__(self):
+    def __init__(self, parse: Callable, tools: list[dict] | None):
+        self._parse = parse
+        self._tools = tools
         self.body = ""
         self.name: str | None = None
         self._args_start: int | None = None  # where the arguments value starts in body
@@ -43,6 +51,19 @@ class JsonArgumentsStream:
     def streamed(self) -> bool:
         """Whether arguments were passed on (so the caller must not send them again)."""
         return self._emitted > 0
+
+    def close(self) -> tuple[str, list[dict]]:
+        """The arguments not passed on yet (all of them, if they were not an object)."""
+        if self.streamed:
+            if not self.done:
+                log.warning("tool call arguments ended unfinished: %r", self.body)
+            return "", []
+        try:
+            parsed = self._parse(self.body, self._tools)
+        except Exception as e:
+            log.warning("tool call arguments did not parse (%s): %r", e, self.body)
+            return "{}", []
+        return arguments_json(parsed.get("arguments", {})), []
 
     def _advance(self) -> str:
         start = self._args_start + self._emitted
