@@ -114,11 +114,25 @@ def harmony_model() -> Path:
     return fixture_models.build(fixture_models.TINY_HARMONY, cache_root() / "fixtures")
 
 
-@pytest.fixture(scope="session")
-def server(tiny_model) -> Iterator[Server]:
-    srv = start_server(tiny_model, "--keepalive-seconds", "0.5")
+def _serving(model: Path, *args: str) -> Iterator[Server]:
+    srv = start_server(model, *args)
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model) -> Iterator[Server]:
+    yield from _serving(tiny_model, "--keepalive-seconds", "0.5")
+
+
+@pytest.fixture(scope="session")
+def harmony(harmony_model) -> Iterator[Server]:
+    yield from _serving(harmony_model)
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_model) -> Iterator[Server]:
+    yield from _serving(gemma_model)
 
 
 @pytest.fixture

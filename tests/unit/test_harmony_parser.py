@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import parser_checks
 import pytest
-from test_output_parser import PARIS, summary
+from test_output_parser import PARIS
 
 from mlxserve.postprocess.harmony import HarmonyParser
 
@@ -16,18 +17,11 @@ CALL = (
 
 
 def run(pieces, **options) -> dict:
-    parser = HarmonyParser(**options)
-    events = []
-    for piece in pieces:
-        events += parser.feed(piece)
-    return summary(events + parser.finish())
+    return parser_checks.run(HarmonyParser, pieces, **options)
 
 
 def every_split(text: str, expected: dict, **options) -> None:
-    assert run([text], **options) == expected
-    assert run(list(text), **options) == expected
-    for i in range(len(text) + 1):
-        assert run([text[:i], text[i:]], **options) == expected, i
+    parser_checks.every_split(HarmonyParser, text, expected, **options)
 
 
 REASONING = "The user wants the weather."

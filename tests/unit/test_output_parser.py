@@ -3,48 +3,25 @@ boundary, and one character at a time, must give the same result."""
 
 from __future__ import annotations
 
+import parser_checks
 import pytest
 from conversations import WEATHER_TOOL
 from tool_samples import FORECAST_TOOL, SAMPLES, STREAMING_SAMPLES
 
 from mlxserve.postprocess import tools
-from mlxserve.postprocess.events import Content, Reasoning, ToolCallArguments, ToolCallStart
+from mlxserve.postprocess.events import ToolCallArguments, ToolCallStart
 from mlxserve.postprocess.parser import OutputParser
 from mlxserve.postprocess.reasoning import THINK, ReasoningPresenter
 
 PARIS = ("get_weather", '{"city": "Paris"}')
 
 
-def summary(events) -> dict:
-    """What a client ends up with: content, reasoning, and (name, arguments) per call."""
-    out = {"content": "", "reasoning": "", "calls": []}
-    for event in events:
-        if isinstance(event, Content):
-            out["content"] += event.text
-        elif isinstance(event, Reasoning):
-            out["reasoning"] += event.text
-        elif isinstance(event, ToolCallStart):
-            assert event.index == len(out["calls"]) and event.id.startswith("call_")
-            out["calls"].append([event.name, ""])
-        else:
-            out["calls"][event.index][1] += event.text
-    out["calls"] = [tuple(c) for c in out["calls"]]
-    return out
-
-
 def run(pieces, **options) -> dict:
-    parser = OutputParser(**options)
-    events = []
-    for piece in pieces:
-        events += parser.feed(piece)
-    return summary(events + parser.finish())
+    return parser_checks.run(OutputParser, pieces, **options)
 
 
 def every_split(text: str, expected: dict, **options) -> None:
-    assert run([text], **options) == expected
-    assert run(list(text), **options) == expected
-    for i in range(len(text) + 1):
-        assert run([text[:i], text[i:]], **options) == expected, i
+    parser_checks.every_split(OutputParser, text, expected, **options)
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
@@ -150,7 +127,7 @@ def test_reasoning_formats(mode, content):
     for piece in "<think>Why.</think>Answer.":
         events += presenter(parser.feed(piece))
     events += presenter(parser.finish()) + presenter.finish()
-    result = summary(events)
+    result = parser_checks.summary(events)
     assert result["content"] == content
     assert result["reasoning"] == ("Why." if mode == "separate" else "")
 
@@ -159,4 +136,4 @@ def test_unterminated_reasoning_is_closed_in_inline_formats():
     presenter = ReasoningPresenter("think-tags")
     parser = OutputParser(think=THINK)
     events = presenter(parser.feed("<think>cut")) + presenter(parser.finish()) + presenter.finish()
-    assert summary(events)["content"] == "<think>cut</think>\n\n"
+    assert parser_checks.summary(events)["content"] == "<think>cut</think>\n\n"
