@@ -1,4 +1,8 @@
 VENV ?= .venv
+# MLX backend on Linux: cpu (default), cuda (CUDA 12) or cuda13; ignored on macOS.
+MLX_BACKEND ?= cpu
+EXTRAS = $(if $(filter Linux,$(shell uname -s)),dev$(comma)$(MLX_BACKEND),dev)
+comma := ,
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8080
@@ -16,7 +20,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@if [ "$$(uname -s)" = Linux ] && ! ls /usr/lib/*-linux-gnu/libopenblas.so.0 >/dev/null 2>&1; then \
 		echo "Installing OpenBLAS (optional speed-up for MLX on the CPU)..."; \
 		(apt-get install -y -qq libopenblas0-pthread >/dev/null 2>&1 || \
