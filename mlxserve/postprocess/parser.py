@@ -20,7 +20,7 @@ from mlxserve.postprocess.events import (
     ToolCallStart,
 )
 from mlxserve.postprocess.tools import ToolFormat
-from mlxserve.postprocess.tools.reparse_stream import arguments_json
+from mlxserve.postprocess.tools.streaming import CallPiece
 from mlxserve.textscan import scan
 
 log = logging.getLogger(__name__)
@@ -40,14 +40,13 @@ def new_call_id() -> str:
 
 @dataclass
 class _OpenCall:
-    """A tool call whose markup is still arriving."""
+    """A tool-call block whose markup is still arriving."""
 
-    index: int
-    ignored: bool  # beyond the first call with parallel_tool_calls false
-    stream: Any  # the format's argument stream, None when arguments come on close
-    body: str = ""
-    id: str = field(default_factory=new_call_id)
-    started: bool = False
+    first: int  # the index of its first call
+    ignored: bool  # a block after the first call, with parallel_tool_calls false
+    stream: Any  # the format's stream: call starts and argument fragments
+    calls: int = 0  # calls it has started
+    dropped: set[int] = field(default_factory=set)  # calls beyond the first, when not parallel
 
 
 class OutputParser:
@@ -140,43 +139,33 @@ class OutputParser:
 
     def _feed_call(self, text: str, events: list[Event]) -> None:
         call = self._call
-        call.body += text
-        if call.stream is None or call.ignored:
+        if call.ignored:
+            call.stream.body += text
             return
-        fragment = call.stream.feed(text)
-        if not call.started and call.stream.name is not None:
-            call.started = True
-            events.append(ToolCallStart(call.index, call.id, call.stream.name))
-        if fragment and call.started:
-            events.append(ToolCallArguments(call.index, fragment))
+        self._pieces(call, call.stream.feed(text), events)
+
+    def _pieces(self, call: _OpenCall, pieces: list[CallPiece], events: list[Event]) -> None:
+        for piece in pieces:
+            index = call.first + piece.call
+            if piece.name is not None:
+                if not self._parallel and index > 0:
+                    log.info("dropped a tool call: parallel_tool_calls is false")
+                    call.dropped.add(piece.call)
+                    continue
+                events.append(ToolCallStart(index, new_call_id(), piece.name))
+                call.calls += 1
+            elif piece.arguments and piece.call not in call.dropped:
+                events.append(ToolCallArguments(index, piece.arguments))
 
     def _close_call(self, events: list[Event]) -> None:
         call, self._call = self._call, None
         if call.ignored:
             log.info("dropped a tool call: parallel_tool_calls is false")
             return
-        if call.started:
-            self.tool_calls += 1
-            rest, more = call.stream.close()
-            if rest:
-                events.append(ToolCallArguments(call.index, rest))
-            self._emit_calls(more, events)
+        pieces = call.stream.close()
+        if pieces is None:
+            log.warning("unparsable tool call returned as content: %r", call.stream.body)
+            events.append(Content(self._format.start + call.stream.body + self._format.end))
             return
-        try:
-            parsed = self._format.parse(call.body, self._tools)
-        except Exception as e:
-            log.warning("unparsable tool call returned as content (%s): %r", e, call.body)
-            events.append(Content(self._format.start + call.body + self._format.end))
-            return
-        self._emit_calls(parsed if isinstance(parsed, list) else [parsed], events)
-
-    def _emit_calls(self, calls: list[dict], events: list[Event]) -> None:
-        """Whole calls, each a start and all its arguments at once."""
-        for item in calls:
-            if not self._parallel and self.tool_calls > 0:
-                log.info("dropped a tool call: parallel_tool_calls is false")
-                continue
-            index = self.tool_calls
-            events.append(ToolCallStart(index, new_call_id(), item["name"]))
-            events.append(ToolCallArguments(index, arguments_json(item.get("arguments", {}))))
-            self.tool_calls += 1
+        self._pieces(call, pieces, events)
+        self.tool_calls += call.calls

@@ -6,7 +6,7 @@ from __future__ import annotations
 import parser_checks
 import pytest
 from conversations import WEATHER_TOOL
-from tool_samples import FORECAST_TOOL, SAMPLES, STREAMING_SAMPLES
+from tool_samples import FORECAST_TOOL, SAMPLES, STREAMING_SAMPLES, TWO_CALLS
 
 from mlxserve.postprocess import tools
 from mlxserve.postprocess.events import ToolCallArguments, ToolCallStart
@@ -33,6 +33,19 @@ def test_every_format_at_every_boundary(name):
 
 def test_every_format_has_a_sample():
     assert set(SAMPLES) == set(tools.FORMATS)
+    assert set(STREAMING_SAMPLES) == set(tools.FORMATS)
+
+
+@pytest.mark.parametrize("name", sorted(TWO_CALLS))
+def test_two_calls_in_one_block(name):
+    options = {"tool_format": tools.by_name(name), "tools": [FORECAST_TOOL]}
+    calls = [
+        ("forecast", '{"city": "Paris", "days": 3}'),
+        ("forecast", '{"city": "Rome", "days": 5}'),
+    ]
+    every_split(TWO_CALLS[name], {"content": "", "reasoning": "", "calls": calls}, **options)
+    one = run([TWO_CALLS[name]], parallel_tool_calls=False, **options)
+    assert one["calls"] == calls[:1]
 
 
 def test_parallel_hermes_calls_leak_no_whitespace():

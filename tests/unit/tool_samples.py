@@ -86,4 +86,40 @@ STREAMING_SAMPLES = {
         '<|open|>argument key="days" type="integer"<|sep|>3<|close|>argument<|sep|>'
         "<|close|>call<|sep|><|close|>tools<|sep|>",
     ),
+    "laguna": (
+        "<tool_call>forecast<arg_key>city</arg_key><arg_value>Paris</arg_value>",
+        "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
+    ),
+    "mistral": ('[TOOL_CALLS]forecast[ARGS]{"city": "Paris"', ', "days": 3}'),
+    "kimi_k2": (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.forecast:0"
+        '<|tool_call_argument_begin|>{"city": "Paris"',
+        ', "days": 3}<|tool_call_end|><|tool_calls_section_end|>',
+    ),
+    "pythonic": ('<|tool_call_start|>[forecast(city="Paris", ', "days=3)]<|tool_call_end|>"),
+    "tool_code": ('```tool_code\nforecast(city="Paris", ', "days=3)\n```"),
+    "gemma4": ('<|tool_call>call:forecast{city:<|"|>Paris<|"|>,', "days:3}<tool_call|>"),
+    "function_gemma": (
+        "<start_function_call>call:forecast{city:<escape>Paris<escape>,",
+        "days:3}<end_function_call>",
+    ),
+}
+
+# Blocks that hold two calls.
+TWO_CALLS = {
+    "mistral": '[TOOL_CALLS]forecast[ARGS]{"city": "Paris", "days": 3}forecast[ARGS]{"city": "Rome", "days": 5}',
+    "kimi_k2": (
+        "<|tool_calls_section_begin|>"
+        '<|tool_call_begin|>functions.forecast:0<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+        '<|tool_call_begin|>functions.forecast:1<|tool_call_argument_begin|>{"city": "Rome", "days": 5}<|tool_call_end|>'
+        "<|tool_calls_section_end|>"
+    ),
+    "pythonic": '<|tool_call_start|>[forecast(city="Paris", days=3), forecast(city="Rome", days=5)]<|tool_call_end|>',
+    "tool_code": '```tool_code\nforecast(city="Paris", days=3)\nforecast(city="Rome", days=5)\n```',
+    "minimax_m2": (
+        '<minimax:tool_call>\n<invoke name="forecast">\n<parameter name="city">Paris</parameter>\n'
+        '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="forecast">\n'
+        '<parameter name="city">Rome</parameter>\n<parameter name="days">5</parameter>\n</invoke>\n'
+        "</minimax:tool_call>"
+    ),
 }

@@ -9,30 +9,49 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx_lm.tool_parsers
 
 from mlxserve.postprocess.tools import tool_code
-from mlxserve.postprocess.tools.json_stream import JsonArgumentsStream
-from mlxserve.postprocess.tools.reparse_stream import ReparseArgumentsStream
+from mlxserve.postprocess.tools.streaming import (
+    HeaderJsonStream,
+    JsonBodyStream,
+    ReparseStream,
+    WholeStream,
+    bracket_closer,
+    suffix_closer,
+)
 
 # Formats whose call body is {"name": ..., "arguments": {...}}: arguments stream as written.
 JSON_BODY_FORMATS = {"json_tools"}
-# XML-style formats whose partial body parses once closed with this suffix: arguments
-# stream parameter by parameter (see reparse_stream).
-REPARSE_SUFFIXES = {
-    "qwen3_coder": "</function>",
-    "glm47": "",
-    "laguna": "",
-    "longcat": "",
-    "minimax_m2": "</invoke>",
-    "minicpm5": "",
-    "muse_spark": "</atem:invoke>",
-    "kimi_k3": "<|close|>call<|sep|>",
+# Formats where a header names each call and a JSON object of arguments follows it.
+HEADERS = {
+    "mistral": re.compile(r"(?P<name>[\w-]+)\s*\[ARGS\]\s*"),
+    "kimi_k2": re.compile(
+        r"<\|tool_call_begin\|>\s*(?:functions\.)?(?P<name>[^\s:<]+)(?::\d+)?\s*"
+        r"<\|tool_call_argument_begin\|>\s*"
+    ),
 }
 ALIASES = {"hermes": "json_tools", "qwen": "json_tools"}
+# Formats streamed by re-parsing the growing body, made parseable by these closers.
+PYTHON_CALLS = bracket_closer(('"', "'"), "(")
+CLOSERS = {
+    "qwen3_coder": suffix_closer("</function>"),
+    "glm47": suffix_closer(""),
+    "laguna": suffix_closer(""),
+    "longcat": suffix_closer(""),
+    "minimax_m2": suffix_closer("</invoke>"),
+    "minicpm5": suffix_closer(""),
+    "muse_spark": suffix_closer("</atem:invoke>"),
+    "kimi_k3": suffix_closer("<|close|>call<|sep|>"),
+    "pythonic": PYTHON_CALLS,
+    "gemma4": bracket_closer(('<|"|>',), "{"),
+    "function_gemma": bracket_closer(("<escape>",), "{"),
+    "tool_code": PYTHON_CALLS,
+}
 
 
 @dataclass(frozen=True)
@@ -42,15 +61,18 @@ class ToolFormat:
     end: str  # "" when a call runs to the end of the reply
     parse: Callable  # (body text, tools) -> {"name", "arguments"} or a list of them
     json_body: bool = False
-    reparse_suffix: str | None = None
+    header: re.Pattern | None = None
+    closer: Callable | None = None
 
     def argument_stream(self, tools: list[dict] | None):
-        """How this format streams a call's arguments, or None: all at once on close."""
+        """A stream that turns one call block into call starts and argument fragments."""
         if self.json_body:
-            return JsonArgumentsStream(self.parse, tools)
-        if self.reparse_suffix is not None:
-            return ReparseArgumentsStream(self.parse, tools, self.reparse_suffix)
-        return None
+            return JsonBodyStream(self.parse, tools)
+        if self.header is not None:
+            return HeaderJsonStream(self.parse, tools, self.header)
+        if self.closer is not None:
+            return ReparseStream(self.parse, tools, self.closer)
+        return WholeStream(self.parse, tools)
 
 
 def _mlx_lm_formats() -> dict[str, ToolFormat]:
@@ -64,7 +86,8 @@ def _mlx_lm_formats() -> dict[str, ToolFormat]:
                 module.tool_call_end,
                 module.parse_tool_call,
                 json_body=info.name in JSON_BODY_FORMATS,
-                reparse_suffix=REPARSE_SUFFIXES.get(info.name),
+                header=HEADERS.get(info.name),
+                closer=CLOSERS.get(info.name),
             )
     return formats
 
@@ -72,7 +95,11 @@ def _mlx_lm_formats() -> dict[str, ToolFormat]:
 FORMATS = _mlx_lm_formats()
 # Our own: calls in ```tool_code blocks, for tools injected into the prompt.
 FORMATS["tool_code"] = ToolFormat(
-    "tool_code", tool_code.tool_call_start, tool_code.tool_call_end, tool_code.parse_tool_call
+    "tool_code",
+    tool_code.tool_call_start,
+    tool_code.tool_call_end,
+    tool_code.parse_tool_call,
+    closer=CLOSERS["tool_code"],
 )
 
 
