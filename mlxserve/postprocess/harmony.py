@@ -22,8 +22,7 @@ from mlxserve.postprocess.events import (
     ToolCallArguments,
     ToolCallStart,
 )
-from mlxserve.postprocess.parser import new_call_id
-from mlxserve.textscan import scan
+from mlxserve.postprocess.parser import CONTENT, REASONING, TOOL, MarkupParser, new_call_id
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ BODY_ENDS = ["<|end|>", "<|call|>", "<|return|>", "<|start|>"]
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 
-HEADER, REASONING, CONTENT, TOOL, IGNORED = "header", "reasoning", "content", "tool", "ignored"
+HEADER, IGNORED = "header", "ignored"
 
 
 def is_harmony(tokenizer) -> bool:
@@ -40,40 +39,17 @@ def is_harmony(tokenizer) -> bool:
     return "<|channel|>" in vocab and MESSAGE in vocab
 
 
-class HarmonyParser:
+class HarmonyParser(MarkupParser):
     def __init__(self, tools_enabled: bool = True, parallel_tool_calls: bool = True):
         self._tools_enabled = tools_enabled
         self._parallel = parallel_tool_calls
         self._state = HEADER
-        self._buffer = ""
         self._header = ""
         self.tool_calls = 0
 
-    @property
-    def in_reasoning(self) -> bool:
-        return self._state == REASONING
-
-    def feed(self, text: str) -> list[Event]:
-        events: list[Event] = []
-        self._buffer += text
-        while True:
-            markers = [MESSAGE] if self._state == HEADER else BODY_ENDS
-            ready, marker, self._buffer = scan(self._buffer, markers)
-            self._text(ready, events)
-            if marker is None:
-                return events
-            if self._state == HEADER:
-                self._open_message(events)
-            else:
-                self._close_message()
-
-    def finish(self) -> list[Event]:
-        events: list[Event] = []
-        self._text(self._buffer, events)
-        self._buffer = ""
+    def _end(self, events: list[Event]) -> None:
         if self._state == TOOL:
             self.tool_calls += 1
-        return events
 
     def _text(self, text: str, events: list[Event]) -> None:
         if not text:
@@ -86,6 +62,15 @@ class HarmonyParser:
             events.append(Content(text))
         elif self._state == TOOL:
             events.append(ToolCallArguments(self.tool_calls, text))
+
+    def _markers(self) -> list[str]:
+        return [MESSAGE] if self._state == HEADER else BODY_ENDS
+
+    def _transition(self, marker: str, events: list[Event]) -> None:
+        if self._state == HEADER:
+            self._open_message(events)
+        else:
+            self._close_message()
 
     def _open_message(self, events: list[Event]) -> None:
         header, self._header = self._header, ""

@@ -49,25 +49,13 @@ class _OpenCall:
     dropped: set[int] = field(default_factory=set)  # calls beyond the first, when not parallel
 
 
-class OutputParser:
-    def __init__(
-        self,
-        think: ThinkTags | None = None,
-        tool_format: ToolFormat | None = None,
-        tools: list[dict] | None = None,
-        starts_in_reasoning: bool = False,
-        parallel_tool_calls: bool = True,
-    ):
-        self._think = think
-        self._format = tool_format
-        self._tools = tools
-        self._parallel = parallel_tool_calls
-        self._state = REASONING if think and starts_in_reasoning else CONTENT
-        self._buffer = ""
-        self._held_space = ""  # trailing whitespace, dropped if the segment ends there
-        self._segment_started = self._state == CONTENT  # strip leading space after markup
-        self._call: _OpenCall | None = None
-        self.tool_calls = 0
+class MarkupParser:
+    """Text through a state machine whose transitions are markers in the text: the text
+    between markers goes to `_text`, each marker to `_transition`. Only what may still
+    become a marker is held back."""
+
+    _buffer = ""
+    _state = CONTENT
 
     @property
     def in_reasoning(self) -> bool:
@@ -88,11 +76,47 @@ class OutputParser:
         events: list[Event] = []
         self._text(self._buffer, events)
         self._buffer = ""
+        self._end(events)
+        return events
+
+    def _markers(self) -> list[str]:
+        raise NotImplementedError
+
+    def _text(self, text: str, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _end(self, events: list[Event]) -> None:
+        """What the state generation ended in still has to say."""
+
+    def _transition(self, marker: str, events: list[Event]) -> None:
+        raise NotImplementedError
+
+
+class OutputParser(MarkupParser):
+    def __init__(
+        self,
+        think: ThinkTags | None = None,
+        tool_format: ToolFormat | None = None,
+        tools: list[dict] | None = None,
+        starts_in_reasoning: bool = False,
+        parallel_tool_calls: bool = True,
+    ):
+        self._think = think
+        self._format = tool_format
+        self._tools = tools
+        self._parallel = parallel_tool_calls
+        self._state = REASONING if think and starts_in_reasoning else CONTENT
+        self._buffer = ""
+        self._held_space = ""  # trailing whitespace, dropped if the segment ends there
+        self._segment_started = self._state == CONTENT  # strip leading space after markup
+        self._call: _OpenCall | None = None
+        self.tool_calls = 0
+
+    def _end(self, events: list[Event]) -> None:
         if self._state == TOOL:
             self._close_call(events)
         elif self._state == CONTENT and self.tool_calls == 0 and self._held_space:
             events.append(Content(self._held_space))
-        return events
 
     def _markers(self) -> list[str]:
         tool_start = [self._format.start] if self._format else []
