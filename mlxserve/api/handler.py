@@ -26,6 +26,7 @@ GET_PATHS = HEALTH_PATHS + MODELS_PATHS
 class APIHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "mlxserve"
+    streaming = False  # an SSE response has begun: errors can no longer be a reply
 
     # Entry points -----------------------------------------------------------------------
 
@@ -44,6 +45,7 @@ class APIHandler(BaseHTTPRequestHandler):
         self._handle(self._post)
 
     def _handle(self, route) -> None:
+        self.streaming = False
         try:
             path = urlsplit(self.path).path.rstrip("/") or "/"
             if path not in HEALTH_PATHS:
@@ -179,6 +181,9 @@ class APIHandler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _send_error(self, error: APIError) -> None:
+        if self.streaming:  # mid-stream: the only honest signal left is to hang up
+            self.close_connection = True
+            return
         if error.status >= 500:
             log.error("%s %s -> %d: %s", self.command, self.path, error.status, error.message)
         self._send_json(error.status, error.body())

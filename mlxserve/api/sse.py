@@ -24,6 +24,7 @@ class SSEWriter:
             return
         self.started = True
         handler = self._handler
+        handler.streaming = True
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
         handler.send_header("Cache-Control", "no-cache")

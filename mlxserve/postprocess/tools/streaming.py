@@ -42,6 +42,14 @@ def arguments_json(arguments) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
+def _warn_unless_json(text: str, body: str) -> None:
+    """Streamed arguments cannot be taken back; like OpenAI's, they may be invalid JSON."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        log.warning("a tool call's arguments are not valid JSON: %r", body)
+
+
 def _as_list(parsed) -> list[dict]:
     return [c for c in (parsed if isinstance(parsed, list) else [parsed]) if c and c.get("name")]
 
@@ -133,8 +141,8 @@ class JsonBodyStream(_Stream):
 
     def close(self) -> list[CallPiece] | None:
         if self._emitted:
-            if not self._scanner.done:
-                log.warning("tool call arguments ended unfinished: %r", self.body)
+            start = self._args_start
+            _warn_unless_json(self.body[start : start + self._emitted], self.body)
             return []
         calls = self._parsed(self.body)
         if not calls:
