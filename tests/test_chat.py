@@ -193,6 +193,26 @@ def test_sampling_parameters_are_accepted(server):
     assert body["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"top_k": 100000},
+        {"seed": -5},
+        {"seed": 10**30},
+        {"xtc_probability": 1.0, "xtc_threshold": 0.5},
+        {"min_p": 1.0},
+        {"top_p": 0.0001},
+    ],
+    ids=["huge-top-k", "negative-seed", "huge-seed", "xtc-always", "min-p-1", "tiny-top-p"],
+)
+def test_extreme_sampling_values(server, extra):
+    body = chat(server, BY_NAME["count"].messages, temperature=1.0, max_tokens=8, **extra)
+    assert body["choices"][0]["message"]["content"]
+    # Sampling still works for the next request (a failure inside MLX's compiled sampler
+    # once broke the random state for every later request).
+    assert chat(server, BY_NAME["count"].messages, temperature=1.0, max_tokens=4)["choices"]
+
+
 def test_logit_bias_changes_the_answer(server):
     plain = chat(server, BY_NAME["capital"].messages, logprobs=True)
     first_token = plain["choices"][0]["logprobs"]["content"][0]["token"]

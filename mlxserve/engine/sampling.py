@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 
@@ -28,12 +30,14 @@ class GenerationParams:
     logprobs: int | None = None
 
 
-def build_sampler(params: GenerationParams, special_tokens: list[int]) -> Callable:
+def build_sampler(params: GenerationParams, special_tokens: list[int], vocab_size: int) -> Callable:
+    # A top_k that keeps the whole vocabulary is no top_k (mlx-lm refuses it).
+    top_k = params.top_k if 0 < params.top_k < vocab_size else 0
     return make_sampler(
         temp=params.temperature,
         top_p=params.top_p,
         min_p=params.min_p,
-        top_k=max(params.top_k, 0),
+        top_k=top_k,
         xtc_probability=params.xtc_probability,
         xtc_threshold=params.xtc_threshold,
         xtc_special_tokens=special_tokens,
@@ -48,3 +52,14 @@ def build_logits_processors(params: GenerationParams) -> list[Callable]:
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
     )
+
+
+def seed_random(seed: int) -> None:
+    """Seed MLX's generator with any integer a client sends (MLX takes 64-bit unsigned)."""
+    mx.random.seed(seed % 2**64)
+
+
+def reseed_random() -> None:
+    """A sampler that raised inside mx.compile leaves the random state unusable for every
+    later request; a fresh seed restores it."""
+    seed_random(int.from_bytes(os.urandom(8), "little"))

@@ -18,7 +18,13 @@ from mlx_lm import stream_generate
 
 from mlxserve.api.errors import APIError, server_error
 from mlxserve.engine.prompt_cache import PromptCache
-from mlxserve.engine.sampling import GenerationParams, build_logits_processors, build_sampler
+from mlxserve.engine.sampling import (
+    GenerationParams,
+    build_logits_processors,
+    build_sampler,
+    reseed_random,
+    seed_random,
+)
 from mlxserve.engine.stops import StopMatcher
 from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
 
@@ -107,6 +113,7 @@ class GenerationWorker:
                 job.events.put(ErrorEvent(e))
             except Exception as e:
                 log.exception("generation failed")
+                reseed_random()
                 job.events.put(ErrorEvent(server_error(f"Generation failed: {e}")))
 
     def _generate(self, job: GenerationJob) -> None:
@@ -116,7 +123,7 @@ class GenerationWorker:
         params = job.params
         hit = self._cache.fetch(job.spec.key, _models(loaded), job.prompt)
         if params.seed is not None:
-            mx.random.seed(params.seed)
+            seed_random(params.seed)
         tokenizer = loaded.tokenizer
         stops = StopMatcher(list(params.stop))
         fed = list(job.prompt)
@@ -128,7 +135,7 @@ class GenerationWorker:
                 tokenizer,
                 hit.rest,
                 max_tokens=params.max_tokens,
-                sampler=build_sampler(params, tokenizer.all_special_ids),
+                sampler=build_sampler(params, tokenizer.all_special_ids, len(tokenizer)),
                 logits_processors=build_logits_processors(params),
                 prompt_cache=hit.cache,
                 draft_model=loaded.draft_model,
