@@ -124,3 +124,27 @@ def test_unknown_path_and_wrong_method(server):
     assert_error(server.post("/v1/nothing", {}), 404, code="unknown_url")
     assert_error(server.get("/v1/chat/completions"), 405, code="method_not_allowed")
     assert_error(server.post("/v1/models", {}), 405, code="method_not_allowed")
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"tools": [{"function": {"name": "f", "parameters": {"properties": []}}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"chat_template_kwargs": {"tools": 5}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+    ],
+)
+def test_invalid_tools_and_template_kwargs(server, gemma, extra, param):
+    for srv in (server, gemma):  # a template with tools, and one that gets them injected
+        assert_error(srv.post(CHAT, {"messages": MESSAGES, **extra}), 400, param=param)

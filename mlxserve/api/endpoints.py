@@ -56,7 +56,7 @@ class Endpoints:
         if request.top_logprobs is not None and not request.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
         spec, tokenizer = self._model(request)
-        tools = request.tools if request.tool_choice != "none" else None
+        tools = request.tool_definitions
         injected = injects_tools(tokenizer, self.config.chat_template, tools)
         prompt = render_chat(
             tokenizer, request, self.config.chat_template_args, self.config.chat_template, injected

@@ -43,6 +43,43 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
+class FunctionDefinition(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _properties(cls, value):
+        if value is not None and not isinstance(value.get("properties", {}), dict):
+            raise ValueError("'properties' must be an object")
+        return value
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+# Arguments of the template call itself, which chat_template_kwargs must not replace.
+RESERVED_TEMPLATE_KWARGS = {
+    "conversation",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "return_dict",
+    "return_tensors",
+    "padding",
+    "truncation",
+    "max_length",
+}
+
+
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
@@ -104,13 +141,27 @@ class ChatRequest(GenerationRequest):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[dict] | None = None
+    tools: list[Tool] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict | None = None
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None
     thinking: bool | dict | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value):
+        if value and (reserved := sorted(RESERVED_TEMPLATE_KWARGS & set(value))):
+            raise ValueError(f"{', '.join(reserved)} cannot be set here")
+        return value
+
+    @property
+    def tool_definitions(self) -> list[dict] | None:
+        """The tools as chat templates and parsers take them, unless tool_choice is none."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
     @field_validator("reasoning_effort")
     @classmethod

@@ -36,7 +36,7 @@ def render_chat(
             param="messages",
         )
     messages = [_template_message(m, i) for i, m in enumerate(request.messages)]
-    tools = request.tools if request.tools and request.tool_choice != "none" else None
+    tools = request.tool_definitions
     if inject_tools:
         messages, tools = tool_prompt.inject_tools(messages, tools), None
     kwargs = {**template_args, **_request_template_kwargs(request, messages)}
