@@ -31,8 +31,16 @@ def assert_error(response, status, param=None, code=None, type="invalid_request_
 
 @pytest.mark.parametrize(
     "raw",
-    [b"{not json", b"\xff\xfe{}", b"[1, 2]", b"", b'"text"'],
-    ids=["malformed", "invalid-utf8", "array", "empty", "string"],
+    [
+        b"{not json",
+        b"\xff\xfe{}",
+        b"[1, 2]",
+        b"",
+        b'"text"',
+        b'{"messages": [{"role": "user", "content": "\\ud800 lone"}]}',
+        b'{"prompt": "\\udfff"}',
+    ],
+    ids=["malformed", "invalid-utf8", "array", "empty", "string", "surrogate", "surrogate-prompt"],
 )
 def test_bodies_that_are_not_a_json_object(server, raw):
     assert_error(server.post(CHAT, raw), 400)

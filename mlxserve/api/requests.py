@@ -217,6 +217,10 @@ def parse_json_body(raw: bytes) -> dict:
         raise bad_request(f"The request body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    try:  # JSON may escape lone UTF-16 surrogates ("\ud800"), which are not Unicode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(f"The request body is not valid Unicode: {e.reason}.") from e
     return body
 
 
