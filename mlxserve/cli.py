@@ -81,6 +81,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompt-cache-size", type=int, default=10, help="prompt prefixes kept for reuse"
     )
+    p.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        help="byte budget of the kept prompt prefixes (least recently used go first)",
+    )
+    p.add_argument(
+        "--cache-limit-gb",
+        type=float,
+        help="limit of MLX's buffer cache (memory kept for reuse after arrays are freed)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"mlxserve {__version__}")
     return p
@@ -113,6 +123,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         reasoning_parser=args.reasoning_parser,
         tool_parser=args.tool_parser,
         prompt_cache_size=args.prompt_cache_size,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        cache_limit_gb=args.cache_limit_gb,
     )
 
 

@@ -39,3 +39,5 @@ class ServerConfig:
     reasoning_parser: str | None = None  # None: detect from the tokenizer
     tool_parser: str | None = None  # None: detect from the tokenizer
     prompt_cache_size: int = 10
+    prompt_cache_bytes: int | None = None  # None: no byte budget
+    cache_limit_gb: float | None = None  # MLX's buffer cache; None: MLX's default

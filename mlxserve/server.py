@@ -7,10 +7,13 @@ import socket
 import time
 from http.server import ThreadingHTTPServer
 
+import mlx.core as mx
+
 from mlxserve.api.endpoints import Endpoints
 from mlxserve.api.errors import APIError
 from mlxserve.api.handler import APIHandler
 from mlxserve.config import ServerConfig
+from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, resolve_model_path
 
@@ -38,8 +41,12 @@ def build_server(config: ServerConfig) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket."""
     path = resolve_model_path(config.model)
     provider = ModelProvider(config, path)
-    worker = GenerationWorker(provider, config.prompt_cache_size)
+    cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes)
+    worker = GenerationWorker(provider, cache)
     worker.start()
+    if config.cache_limit_gb is not None:
+        worker.call(lambda: mx.set_cache_limit(int(config.cache_limit_gb * 2**30)))
+        log.info("MLX buffer cache limit %.2f GB", config.cache_limit_gb)
     start = time.perf_counter()
     try:
         worker.call(lambda: provider.activate(provider.default))

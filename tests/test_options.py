@@ -72,3 +72,16 @@ def test_adapter_path_changes_the_model(launch, tiny_model, tmp_path):
     srv = launch(tiny_model, "--adapter-path", str(tmp_path))
     body = reply(srv, BY_NAME["capital"].messages, max_tokens=10)
     assert body["choices"][0]["message"]["content"] != BY_NAME["capital"].reply
+
+
+def test_prompt_cache_byte_budget(server, launch, tiny_model):
+    messages = BY_NAME["story"].messages
+    reply(server, messages, max_tokens=5)
+    unlimited = reply(server, messages, max_tokens=5)
+    assert unlimited["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    srv = launch(tiny_model, "--prompt-cache-bytes", "1000", "--cache-limit-gb", "0.5")
+    reply(srv, messages, max_tokens=5)
+    again = reply(srv, messages, max_tokens=5)
+    # No prefix fits in 1000 bytes: nothing is kept, nothing reused.
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert any("buffer cache limit 0.50 GB" in line for line in srv.log)

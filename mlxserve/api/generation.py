@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlxserve.api.errors import APIError
+from mlxserve.api.errors import APIError, unavailable
 from mlxserve.api.responses import Choice, ResponseFormat, TokenLogprob, Usage
 from mlxserve.api.sse import ClientGone, SSEWriter
 from mlxserve.engine.sampling import GenerationParams
@@ -144,6 +144,8 @@ class GenerationRun:
                     if self._client_gone():
                         raise ClientGone
                 if event is None:
+                    if not self._worker.alive:  # nothing will ever answer this job
+                        raise unavailable("The generation thread has stopped.")
                     on_idle()
                     continue
                 if isinstance(event, ErrorEvent):

@@ -25,9 +25,13 @@ class CacheHit:
 
 
 class PromptCache:
-    def __init__(self, max_entries: int):
+    def __init__(self, max_entries: int, max_bytes: int | None = None):
         self._max_entries = max_entries
-        self._lru = LRUPromptCache(max_size=max_entries)
+        self._max_bytes = max_bytes if max_bytes is not None else 1 << 63
+        self._lru = self._new_lru()
+
+    def _new_lru(self) -> LRUPromptCache:
+        return LRUPromptCache(max_size=self._max_entries, max_bytes=self._max_bytes)
 
     def fetch(self, key: str, models: list[Any], prompt: list[int]) -> CacheHit:
         """The cache to continue from; `models` are the model (and draft) it must fit."""
@@ -49,4 +53,4 @@ class PromptCache:
         self._lru.insert_cache(key, tokens, cache)
 
     def clear(self) -> None:
-        self._lru = LRUPromptCache(max_size=self._max_entries)
+        self._lru = self._new_lru()

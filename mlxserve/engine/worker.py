@@ -73,9 +73,9 @@ class _Cancelled(Exception):
 
 
 class GenerationWorker:
-    def __init__(self, provider: ModelProvider, prompt_cache_size: int):
+    def __init__(self, provider: ModelProvider, cache: PromptCache):
         self._provider = provider
-        self._cache = PromptCache(prompt_cache_size)
+        self._cache = cache
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
 
