@@ -108,6 +108,15 @@ def test_stop_strings_never_appear(server, stop):
     assert chat_text(streamed.chunks) == reply[:cut]
 
 
+def test_partial_stop_string_at_the_end_is_released(server):
+    # "five." may start "five.!", so it is held back; the reply ends there, so it comes out.
+    conv = BY_NAME["count"]
+    body = chat(server, conv.messages, stop=["five.!"])
+    assert body["choices"][0]["message"]["content"] == conv.reply
+    streamed = stream(server.url, CHAT, {"messages": conv.messages, "stop": ["five.!"]})
+    assert chat_text(streamed.chunks) == conv.reply
+
+
 def test_stop_string_spanning_tokens_in_long_answer(server):
     stop = "silver bottle"  # spans several tokens
     body = chat(server, BY_NAME["story"].messages, stop=[stop], max_tokens=400)

@@ -129,6 +129,7 @@ class GenerationWorker:
         fed = list(job.prompt)
         completion_tokens = 0
         finish_reason = "cancelled"
+        stopped = False  # by a stop string (an EOS finish is "stop" too)
         try:
             for gen in stream_generate(
                 loaded.model,
@@ -161,7 +162,7 @@ class GenerationWorker:
         job.events.put(
             FinishEvent(
                 finish_reason,
-                "" if finish_reason == "stop" else stops.flush(),
+                "" if stopped else stops.flush(),  # a partial stop string that never completed
                 len(job.prompt),
                 completion_tokens,
                 hit.cached_tokens,
