@@ -49,20 +49,13 @@ class Endpoints:
 
     def chat(self, raw: bytes, handler) -> dict | None:
         request = validate(ChatRequest, parse_json_body(raw))
-        if request.tool_choice not in (None, "auto", "none"):
-            raise bad_request(
-                "Only tool_choice 'auto' and 'none' are supported for now.", param="tool_choice"
-            )
-        if request.top_logprobs is not None and not request.logprobs:
-            raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
         spec, tokenizer = self._model(request)
         tools = request.tool_definitions
         injected = injects_tools(tokenizer, self.config.chat_template, tools)
         prompt = render_chat(
             tokenizer, request, self.config.chat_template_args, self.config.chat_template, injected
         )
-        logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = _params(request, self.config.defaults, request.token_limit, logprobs, tokenizer)
+        params = _params(request, self.config.defaults, tokenizer)
         fmt = ChatFormat(self._model_name(request), TokenTexts(tokenizer))
         make_output = chat_output_factory(
             tokenizer,
@@ -79,9 +72,7 @@ class Endpoints:
         request = validate(CompletionRequest, parse_json_body(raw))
         spec, tokenizer = self._model(request)
         prompts = encode_prompts(tokenizer, request)
-        params = _params(
-            request, self.config.defaults, request.token_limit, request.logprobs, tokenizer
-        )
+        params = _params(request, self.config.defaults, tokenizer)
         fmt = CompletionFormat(self._model_name(request), TokenTexts(tokenizer))
         return self._run(request, spec, fmt, prompts, params, handler)
 
@@ -125,11 +116,7 @@ class Endpoints:
 
 
 def _params(
-    request: GenerationRequest,
-    defaults: SamplingDefaults,
-    max_tokens: int | None,
-    logprobs: int | None,
-    tokenizer,
+    request: ChatRequest | CompletionRequest, defaults: SamplingDefaults, tokenizer
 ) -> GenerationParams:
     logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
     if any(token >= len(tokenizer) for token in logit_bias):
@@ -141,7 +128,7 @@ def _params(
         return default if value is None else value
 
     return GenerationParams(
-        max_tokens=pick(max_tokens, defaults.max_tokens),
+        max_tokens=pick(request.token_limit, defaults.max_tokens),
         temperature=pick(request.temperature, defaults.temperature),
         top_p=pick(request.top_p, defaults.top_p),
         top_k=pick(request.top_k, defaults.top_k),
@@ -155,7 +142,7 @@ def _params(
         logit_bias=logit_bias,
         seed=request.seed,
         stop=tuple(request.stop or ()),
-        logprobs=logprobs,
+        logprobs=request.logprob_count,
     )
 
 

@@ -10,7 +10,14 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from mlxserve.api.errors import APIError, bad_request
 
@@ -149,6 +156,20 @@ class ChatRequest(GenerationRequest):
     enable_thinking: bool | None = None
     thinking: bool | dict | None = None
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("requires logprobs to be true")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _supported_tool_choice(cls, value):
+        if value not in (None, "auto", "none"):
+            raise ValueError("only 'auto' and 'none' are supported for now")
+        return value
+
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, value):
@@ -174,6 +195,11 @@ class ChatRequest(GenerationRequest):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def logprob_count(self) -> int | None:
+        """None: no logprobs; 0: the chosen token's; k: also the k most likely."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -191,6 +217,10 @@ class CompletionRequest(GenerationRequest):
     @property
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 # Pydantic names union members in error locations ('str', 'list[str]', 'ContentPart'...).
