@@ -175,27 +175,31 @@ class CompletionFormat(ResponseFormat):
 
     def event_chunk(self, choice: Choice, event: Event | None, entries: list[TokenLogprob]) -> dict:
         text = event.text if isinstance(event, Content) else ""
-        item = self._choice(choice.index, text, entries, choice.text_offset, None, choice)
-        return self.envelope(self.chunk_object, [item])
+        logprobs = self._legacy_logprobs(choice, entries, choice.text_offset)
+        return self.envelope(self.chunk_object, [self._choice(choice.index, text, logprobs)])
 
     def finish_chunk(self, index: int, finish_reason: str) -> dict:
-        return self.envelope(
-            self.chunk_object, [self._choice(index, "", [], 0, finish_reason, None)]
-        )
+        return self.envelope(self.chunk_object, [self._choice(index, "", None, finish_reason)])
 
     def response(self, choices: list[Choice], usage: Usage) -> dict:
         out = [
-            self._choice(c.index, c.text, c.logprobs or [], 0, c.finish_reason, c) for c in choices
+            self._choice(c.index, c.text, self._legacy_logprobs(c, c.logprobs, 0), c.finish_reason)
+            for c in choices
         ]
         return {**self.envelope("text_completion", out), "usage": usage.to_dict()}
 
-    def _choice(self, index, text, entries, offset, finish_reason, choice) -> dict:
-        logprobs = None
-        if choice is not None and choice.logprobs is not None:
-            logprobs = self._legacy_logprobs(entries, offset)
+    @staticmethod
+    def _choice(
+        index: int, text: str, logprobs: dict | None, finish_reason: str | None = None
+    ) -> dict:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _legacy_logprobs(self, entries: list[TokenLogprob], offset: int) -> dict:
+    def _legacy_logprobs(
+        self, choice: Choice, entries: list[TokenLogprob] | None, offset: int
+    ) -> dict | None:
+        """The legacy logprobs of `entries`, or None when the request asked for none."""
+        if choice.logprobs is None:
+            return None
         tokens, offsets = [], []
         for entry in entries:
             text = self.texts(entry.token).text
