@@ -79,12 +79,30 @@ def parser() -> argparse.ArgumentParser:
         help="override the tool-call format detected from the chat template",
     )
     p.add_argument(
-        "--prompt-cache-size", type=int, default=10, help="prompt prefixes kept for reuse"
+        "--prompt-cache-size", type=int, default=32, help="prompt prefixes kept in memory"
     )
     p.add_argument(
         "--prompt-cache-bytes",
         type=int,
-        help="byte budget of the kept prompt prefixes (least recently used go first)",
+        help="byte budget of the prompt prefixes in memory, running requests' caches "
+        "included (least recently used go first)",
+    )
+    p.add_argument(
+        "--prompt-cache-dir",
+        type=Path,
+        help="keep evicted prompt prefixes (and all of them at shutdown) in this folder, "
+        "reused after a restart",
+    )
+    p.add_argument(
+        "--prompt-cache-disk-gb",
+        type=float,
+        default=10.0,
+        help="size cap of --prompt-cache-dir (oldest used go first)",
+    )
+    p.add_argument("--decode-batch", type=int, default=32, help="most sequences decoding together")
+    p.add_argument("--prefill-batch", type=int, default=8, help="most prompts processed together")
+    p.add_argument(
+        "--prefill-step", type=int, default=2048, help="prompt tokens processed per model call"
     )
     p.add_argument(
         "--cache-limit-gb",
@@ -124,6 +142,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tool_parser=args.tool_parser,
         prompt_cache_size=args.prompt_cache_size,
         prompt_cache_bytes=args.prompt_cache_bytes,
+        prompt_cache_dir=args.prompt_cache_dir,
+        prompt_cache_disk_gb=args.prompt_cache_disk_gb,
+        decode_batch=args.decode_batch,
+        prefill_batch=args.prefill_batch,
+        prefill_step=args.prefill_step,
         cache_limit_gb=args.cache_limit_gb,
     )
 

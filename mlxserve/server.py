@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import time
 from http.server import ThreadingHTTPServer
@@ -13,6 +14,8 @@ from mlxserve.api.endpoints import Endpoints
 from mlxserve.api.errors import APIError
 from mlxserve.api.handler import APIHandler
 from mlxserve.config import ServerConfig
+from mlxserve.engine.batch import BatchLimits
+from mlxserve.engine.disk_cache import DiskCache
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, resolve_model_path
@@ -41,8 +44,12 @@ def build_server(config: ServerConfig) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket."""
     path = resolve_model_path(config.model)
     provider = ModelProvider(config, path)
-    cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes)
-    worker = GenerationWorker(provider, cache)
+    disk = None
+    if config.prompt_cache_dir is not None:
+        disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
+    cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
+    limits = BatchLimits(config.decode_batch, config.prefill_batch, config.prefill_step)
+    worker = GenerationWorker(provider, cache, limits)
     worker.start()
     if config.cache_limit_gb is not None:
         worker.call(lambda: mx.set_cache_limit(int(config.cache_limit_gb * 2**30)))
@@ -58,6 +65,8 @@ def build_server(config: ServerConfig) -> MLXServer:
 
 def run(config: ServerConfig) -> None:
     server = build_server(config)
+    # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"mlxserve is ready: {server.url}  (model: {config.model})", flush=True)
     try:
         server.serve_forever()

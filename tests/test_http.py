@@ -138,11 +138,15 @@ def endless(tiny_model, **extra) -> dict:
     return {"messages": BY_NAME["story"].messages, "logit_bias": {str(end): -100}, **extra}
 
 
-def test_keepalive_comments_while_waiting(server, tiny_model):
-    busy = threading.Thread(target=server.post, args=(CHAT, endless(tiny_model, max_tokens=2500)))
+def test_keepalive_comments_while_waiting(launch, tiny_model):
+    """With room for one sequence, a second request waits for the first to finish."""
+    single = launch(
+        tiny_model, "--decode-batch", "1", "--prefill-batch", "1", "--keepalive-seconds", "0.5"
+    )
+    busy = threading.Thread(target=single.post, args=(CHAT, endless(tiny_model, max_tokens=1500)))
     busy.start()
     time.sleep(0.3)
-    result = stream(server.url, CHAT, {"messages": MESSAGES})
+    result = stream(single.url, CHAT, {"messages": MESSAGES})
     busy.join()
     assert result.comments and result.lines[0] == ": keepalive"
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in result.chunks) == (

@@ -96,7 +96,7 @@ class Endpoints:
         make_output=None,
     ) -> dict | None:
         plans = [
-            ChoicePlan(p * request.n + j, prompt, _seed_once(params, j), counts_prompt=j == 0)
+            ChoicePlan(p * request.n + j, prompt, _sibling_seed(params, j), counts_prompt=j == 0)
             for p, prompt in enumerate(prompts)
             for j in range(request.n)
         ]
@@ -146,9 +146,9 @@ def _params(
     )
 
 
-def _seed_once(params: GenerationParams, sibling: int) -> GenerationParams:
-    """Seed only the first sibling: the others continue its random stream, so n choices
-    differ from each other yet the whole request stays reproducible."""
+def _sibling_seed(params: GenerationParams, sibling: int) -> GenerationParams:
+    """Choice j of a seeded request draws from seed + j: the n choices differ from each
+    other, the first equals the same request with n = 1, and all are reproducible."""
     if sibling == 0 or params.seed is None:
         return params
-    return replace(params, seed=None)
+    return replace(params, seed=params.seed + sibling)

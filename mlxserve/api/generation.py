@@ -1,5 +1,5 @@
-"""Runs a request's choices on the generation thread and turns their events into a
-response: whole JSON or SSE chunks, from the same event loop."""
+"""Runs a request's choices on the generation thread (together, so they batch) and turns
+their events into a response: whole JSON or SSE chunks, from the same event loop."""
 
 from __future__ import annotations
 
@@ -12,14 +12,9 @@ from typing import Any
 from mlxserve.api.errors import APIError, unavailable
 from mlxserve.api.responses import Choice, ResponseFormat, TokenLogprob, Usage
 from mlxserve.api.sse import ClientGone, SSEWriter
+from mlxserve.engine.jobs import ErrorEvent, FinishEvent, GenerationJob, TokenEvent
 from mlxserve.engine.sampling import GenerationParams
-from mlxserve.engine.worker import (
-    ErrorEvent,
-    FinishEvent,
-    GenerationJob,
-    GenerationWorker,
-    TokenEvent,
-)
+from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
 from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
 from mlxserve.postprocess.output import TextOutput
@@ -33,6 +28,14 @@ class ChoicePlan:
     prompt: list[int]
     params: GenerationParams
     counts_prompt: bool  # the first choice of its prompt: its prompt counts in usage
+
+
+@dataclass
+class _ChoiceState:
+    plan: ChoicePlan
+    choice: Choice
+    output: Any
+    started: bool = False  # streaming: the role chunk has been sent
 
 
 class GenerationRun:
@@ -58,12 +61,12 @@ class GenerationRun:
 
     def collect(self) -> dict:
         """Run every choice to the end and return the whole response object."""
-        choices = []
-        for plan in self._plans:
-            for choice, _events, _entries, finish_reason in self._steps(plan, lambda: None):
-                choice.finish_reason = finish_reason
-            choices.append(choice)
-        return self._fmt.response(choices, self.usage)
+        finished = {}
+        for state, _events, _entries, finish_reason in self._steps(lambda: None):
+            if finish_reason is not None:
+                state.choice.finish_reason = finish_reason
+                finished[state.plan.index] = state.choice
+        return self._fmt.response([finished[i] for i in sorted(finished)], self.usage)
 
     def stream(self, sse: SSEWriter, include_usage: bool, keepalive_seconds: float) -> None:
         """Write every choice as SSE chunks. An error before any output (a model that
@@ -74,8 +77,8 @@ class GenerationRun:
                 sse.comment("keepalive")
 
         try:
-            for plan in self._plans:
-                self._stream_choice(plan, sse.event, keepalive)
+            for state, events, entries, finish_reason in self._steps(keepalive):
+                self._send(sse.event, state, events, entries, finish_reason)
         except APIError as e:
             if not sse.started:
                 raise
@@ -85,27 +88,36 @@ class GenerationRun:
                 sse.event(self._fmt.usage_chunk(self.usage))
         sse.done()
 
-    def _stream_choice(self, plan: ChoicePlan, send, keepalive) -> None:
+    def _send(self, send, state: _ChoiceState, events, entries, finish_reason) -> None:
         # The role chunk waits for the first event, so that an error is still a plain reply.
-        pending_start = self._fmt.start_chunk(plan.index)
-        for choice, events, entries, finish_reason in self._steps(plan, keepalive):
-            if pending_start is not None:
-                send(pending_start)
-                pending_start = None
-            if entries and not events:
-                send(self._fmt.event_chunk(choice, None, entries))
-            for i, event in enumerate(events):
-                send(self._fmt.event_chunk(choice, event, entries if i == 0 else []))
-            choice.text_offset += sum(len(self._fmt.texts(e.token).text) for e in entries)
-            if finish_reason is not None:
-                send(self._fmt.finish_chunk(plan.index, finish_reason))
+        choice = state.choice
+        if not state.started:
+            state.started = True
+            start = self._fmt.start_chunk(choice.index)  # None: text completions have none
+            if start is not None:
+                send(start)
+        if entries and not events:
+            send(self._fmt.event_chunk(choice, None, entries))
+        for i, event in enumerate(events):
+            send(self._fmt.event_chunk(choice, event, entries if i == 0 else []))
+        choice.text_offset += sum(len(self._fmt.texts(e.token).text) for e in entries)
+        if finish_reason is not None:
+            send(self._fmt.finish_chunk(choice.index, finish_reason))
 
-    def _steps(self, plan: ChoicePlan, on_idle: Callable[[], None]) -> Iterator:
-        """For each generation event: (choice, output events, logprob entries, finish
-        reason or None), with the events already applied to the choice."""
-        choice = Choice(plan.index, logprobs=[] if plan.params.logprobs is not None else None)
-        output = self._make_output(plan.prompt)
-        for event in self._events(plan, on_idle):
+    def _steps(self, on_idle: Callable[[], None]) -> Iterator:
+        """For each generation event of any choice: (its state, output events, logprob
+        entries, finish reason or None), with the events already applied to the choice."""
+        states = {
+            plan.index: _ChoiceState(
+                plan,
+                Choice(plan.index, logprobs=[] if plan.params.logprobs is not None else None),
+                self._make_output(plan.prompt),
+            )
+            for plan in self._plans
+        }
+        for index, event in self._events(on_idle):
+            state = states[index]
+            choice, output = state.choice, state.output
             was_reasoning = output.in_reasoning
             items: list[Event] = output.feed(event.text)
             entries, finish_reason = [], None
@@ -123,42 +135,45 @@ class GenerationRun:
                 ):
                     finish_reason = "tool_calls"
                 self.usage.reasoning_tokens += choice.reasoning_tokens
+                self._count(state.plan, event)
             for item in items:
                 choice.add(item)
-            yield choice, items, entries, finish_reason
+            yield state, items, entries, finish_reason
 
-    def _events(self, plan: ChoicePlan, on_idle: Callable[[], None]) -> Iterator:
-        """The job's token events up to its FinishEvent; cancels it if the client goes."""
-        job = GenerationJob(self._spec, plan.prompt, plan.params, self._num_draft_tokens)
-        self._worker.submit(job)
-        finished = False
+    def _events(self, on_idle: Callable[[], None]) -> Iterator[tuple[int, Any]]:
+        """(choice index, event) up to every choice's FinishEvent; cancels the jobs left
+        if the client goes or an error ends the request."""
+        events: queue.Queue = queue.Queue()
+        jobs = {
+            plan.index: GenerationJob(
+                self._spec, plan.prompt, plan.params, plan.index, self._num_draft_tokens, events
+            )
+            for plan in self._plans
+        }
+        self._worker.submit(list(jobs.values()))
         last_check = time.monotonic()
         try:
-            while True:
+            while jobs:
                 try:
-                    event = job.events.get(timeout=POLL_SECONDS)
+                    index, event = events.get(timeout=POLL_SECONDS)
                 except queue.Empty:
-                    event = None
+                    index, event = None, None
                 if time.monotonic() - last_check >= POLL_SECONDS:
                     last_check = time.monotonic()
                     if self._client_gone():
                         raise ClientGone
                 if event is None:
-                    if not self._worker.alive:  # nothing will ever answer this job
+                    if not self._worker.alive:  # nothing will ever answer these jobs
                         raise unavailable("The generation thread has stopped.")
                     on_idle()
                     continue
                 if isinstance(event, ErrorEvent):
-                    finished = True
                     raise event.error
                 if isinstance(event, FinishEvent):
-                    finished = True
-                    self._count(plan, event)
-                yield event
-                if finished:
-                    return
+                    del jobs[index]
+                yield index, event
         finally:
-            if not finished:
+            for job in jobs.values():
                 job.cancel()
 
     def _count(self, plan: ChoicePlan, event: FinishEvent) -> None:

@@ -1,20 +1,28 @@
-"""Prompt-prefix KV cache: reuse the longest cached token prefix of a new prompt.
+"""Prompt-prefix KV cache: many cached prefixes under a byte budget, and a disk tier.
 
-mlx-lm's LRUPromptCache keeps a trie of token sequences and trims a longer cached
-sequence back to the shared prefix where the model's cache allows it.
+A new prompt continues from the cached sequence that shares the longest prefix with it:
+an entry that is a prefix of the prompt is used as it is; a longer or diverging entry is
+copied and trimmed back to the shared part where the model's cache can be trimmed. The
+memory tier is an LRU; what it evicts goes to the disk tier (if configured), which also
+receives everything still in memory at shutdown, so a restarted server skips the prefill
+of a conversation it has seen.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_lm.models.cache import (
-    LRUPromptCache,
-    can_trim_prompt_cache,
-    make_prompt_cache,
-    trim_prompt_cache,
-)
+import numpy as np
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from mlxserve.engine.disk_cache import DiskCache
+from mlxserve.engine.token_prefix import common_prefix, usable_prefix
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -24,33 +32,115 @@ class CacheHit:
     cached_tokens: int
 
 
-class PromptCache:
-    def __init__(self, max_entries: int, max_bytes: int | None = None):
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes if max_bytes is not None else 1 << 63
-        self._lru = self._new_lru()
+@dataclass
+class _Entry:
+    tokens: np.ndarray
+    cache: list[Any]
+    nbytes: int
 
-    def _new_lru(self) -> LRUPromptCache:
-        return LRUPromptCache(max_size=self._max_entries, max_bytes=self._max_bytes)
+
+def cache_bytes(cache: list[Any]) -> int:
+    return sum(c.nbytes for c in cache)
+
+
+class PromptCache:
+    def __init__(
+        self, max_entries: int, max_bytes: int | None = None, disk: DiskCache | None = None
+    ):
+        self._max_entries = max_entries
+        self.max_bytes = max_bytes  # None: no byte budget
+        self._disk = disk
+        self._entries: OrderedDict[tuple[str, bytes], _Entry] = OrderedDict()
+        self._nbytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def fetch(self, key: str, models: list[Any], prompt: list[int]) -> CacheHit:
-        """The cache to continue from; `models` are the model (and draft) it must fit."""
-        cache, rest = self._lru.fetch_nearest_cache(key, prompt)
-        if cache is not None and not rest:
-            # A full hit still needs the last prompt token run again for its logits.
-            if can_trim_prompt_cache(cache):
-                trim_prompt_cache(cache, 1)
-                rest = prompt[-1:]
-            else:
-                cache = None
+        """A private copy of the cache to continue from; `models` are the model (and
+        draft) a fresh cache is made for."""
+        wanted = np.asarray(prompt, dtype=np.int64)
+        best, best_len = None, 0
+        for (entry_key, digest), entry in self._entries.items():
+            if entry_key != key:
+                continue
+            usable = usable_prefix(entry.tokens, wanted, can_trim_prompt_cache(entry.cache))
+            if usable > best_len:
+                best, best_len = (entry_key, digest), usable
+        cache = None
+        if best is not None:
+            entry = self._entries[best]
+            self._entries.move_to_end(best)
+            cache = copy.deepcopy(entry.cache)
+            length = len(entry.tokens)
+        if self._disk is not None:
+            loaded = self._disk.load_longer(key, wanted, best_len)
+            if loaded is not None:
+                tokens, cache, best_len = loaded
+                length = len(tokens)
+                self.store(key, tokens.tolist(), copy.deepcopy(cache))
         if cache is None:
             cache = [c for model in models for c in make_prompt_cache(model)]
-            rest = prompt
-        return CacheHit(cache, rest, len(prompt) - len(rest))
+            return CacheHit(cache, list(prompt), 0)
+        if length > best_len:
+            trim_prompt_cache(cache, length - best_len)
+        return CacheHit(cache, list(prompt[best_len:]), best_len)
 
     def store(self, key: str, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache`, which holds exactly `tokens`, for later prompts to extend."""
-        self._lru.insert_cache(key, tokens, cache)
+        if not tokens:
+            return
+        array = np.asarray(tokens, dtype=np.int64)
+        ident = (key, array.tobytes())
+        self._drop(ident)
+        if can_trim_prompt_cache(cache):
+            # Shorter entries on the same path are covered by this one (it can be trimmed).
+            for other in [i for i, e in self._entries.items() if _is_prefix(i, e, key, array)]:
+                self._drop(other)
+        entry = _Entry(array, cache, cache_bytes(cache))
+        self._entries[ident] = entry
+        self._nbytes += entry.nbytes
+        self._fit(len(self._entries) - self._max_entries, self.max_bytes)
+
+    def trim_to(self, max_bytes: int) -> None:
+        """Evict least recently used entries until the cache holds at most `max_bytes`."""
+        self._fit(0, max(0, max_bytes))
 
     def clear(self) -> None:
-        self._lru = self._new_lru()
+        """Forget every entry (the model changed); the disk tier keeps what it has."""
+        self.flush()
+        self._entries.clear()
+        self._nbytes = 0
+
+    def flush(self) -> None:
+        """Write every memory entry to the disk tier (at shutdown or a model swap)."""
+        if self._disk is None:
+            return
+        for (key, _), entry in self._entries.items():
+            self._disk.save(key, entry.tokens, entry.cache)
+
+    def _fit(self, excess_entries: int, max_bytes: int | None) -> None:
+        limit = max_bytes if max_bytes is not None else 1 << 63
+        while self._entries and (excess_entries > 0 or self._nbytes > limit):
+            ident, entry = self._entries.popitem(last=False)
+            self._nbytes -= entry.nbytes
+            excess_entries -= 1
+            if self._disk is not None:
+                self._disk.save(ident[0], entry.tokens, entry.cache)
+
+    def _drop(self, ident: tuple[str, bytes]) -> None:
+        entry = self._entries.pop(ident, None)
+        if entry is not None:
+            self._nbytes -= entry.nbytes
+
+
+def _is_prefix(ident: tuple[str, bytes], entry: _Entry, key: str, tokens: np.ndarray) -> bool:
+    return (
+        ident[0] == key
+        and len(entry.tokens) < len(tokens)
+        and common_prefix(entry.tokens, tokens) == len(entry.tokens)
+    )

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    apply_xtc,
+    make_logits_processors,
+    make_sampler,
+)
 
 
 @dataclass(frozen=True)
@@ -31,17 +39,71 @@ class GenerationParams:
 
 
 def build_sampler(params: GenerationParams, special_tokens: list[int], vocab_size: int) -> Callable:
+    """The request's sampler. Unseeded requests with equal settings share one of mlx-lm's
+    samplers, so a batch of them samples in one call; a seeded request draws from its own
+    random key, so its output does not depend on what else is in the batch."""
     # A top_k that keeps the whole vocabulary is no top_k (mlx-lm refuses it).
     top_k = params.top_k if 0 < params.top_k < vocab_size else 0
-    return make_sampler(
-        temp=params.temperature,
-        top_p=params.top_p,
-        min_p=params.min_p,
-        top_k=top_k,
-        xtc_probability=params.xtc_probability,
-        xtc_threshold=params.xtc_threshold,
-        xtc_special_tokens=special_tokens,
+    settings = SamplerSettings(
+        params.temperature,
+        params.top_p,
+        params.min_p,
+        top_k,
+        params.xtc_probability,
+        params.xtc_threshold,
+        tuple(special_tokens),
     )
+    if params.seed is None or params.temperature == 0:
+        return _shared_sampler(settings)
+    return _keyed_sampler(settings, params.seed)
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    temperature: float
+    top_p: float
+    min_p: float
+    top_k: int
+    xtc_probability: float
+    xtc_threshold: float
+    special_tokens: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_sampler(s: SamplerSettings) -> Callable:
+    return make_sampler(
+        temp=s.temperature,
+        top_p=s.top_p,
+        min_p=s.min_p,
+        top_k=s.top_k,
+        xtc_probability=s.xtc_probability,
+        xtc_threshold=s.xtc_threshold,
+        xtc_special_tokens=list(s.special_tokens),
+    )
+
+
+def _keyed_sampler(s: SamplerSettings, seed: int) -> Callable:
+    """mlx-lm's filters in mlx-lm's order, with every random draw taken from this
+    request's own key (any integer seed; MLX keys are 64-bit)."""
+    key = [mx.random.key(seed % 2**64)]
+
+    def sample(logprobs: mx.array) -> mx.array:
+        keys = mx.random.split(key[0], 3)
+        key[0] = keys[0]
+        if 0 < s.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, s.top_p)
+        if s.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, s.min_p)
+        if s.xtc_probability > 0.0:
+            # XTC applies with probability xtc_probability: draw that coin from our key.
+            cut = apply_xtc(logprobs, 1.0, s.xtc_threshold, list(s.special_tokens))
+            coin = mx.random.uniform(key=keys[2])
+            logprobs = mx.where(coin > s.xtc_probability, logprobs, cut)
+        if s.top_k > 0:
+            logprobs = apply_top_k(logprobs, s.top_k)
+        return mx.random.categorical(logprobs * (1.0 / s.temperature), key=keys[1])
+
+    return sample
 
 
 def build_logits_processors(params: GenerationParams) -> list[Callable]:
@@ -54,12 +116,7 @@ def build_logits_processors(params: GenerationParams) -> list[Callable]:
     )
 
 
-def seed_random(seed: int) -> None:
-    """Seed MLX's generator with any integer a client sends (MLX takes 64-bit unsigned)."""
-    mx.random.seed(seed % 2**64)
-
-
 def reseed_random() -> None:
     """A sampler that raised inside mx.compile leaves the random state unusable for every
     later request; a fresh seed restores it."""
-    seed_random(int.from_bytes(os.urandom(8), "little"))
+    mx.random.seed(int.from_bytes(os.urandom(8), "little"))

@@ -1,0 +1,61 @@
+"""One generated sequence's tokens turned into its job's events, the same way whether
+the tokens come from a batch or from single-stream generation."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxserve.engine.jobs import FinishEvent, GenerationJob, TokenEvent
+from mlxserve.engine.stops import StopMatcher
+
+
+class SequenceOutput:
+    def __init__(self, job: GenerationJob, tokenizer, cached_tokens: int):
+        self._job = job
+        self._detokenizer = tokenizer.detokenizer  # a fresh copy per sequence
+        self._stops = StopMatcher(list(job.params.stop))
+        self._cached_tokens = cached_tokens
+        self._stopped = False
+        self.completion_tokens = 0
+
+    def add(self, token: int, logprobs: mx.array | None, finish_reason: str | None) -> bool:
+        """Emit one token; True once a stop string completed (the text after it is dropped).
+        An end-of-sequence token (finish "stop") is not output, only what it flushes."""
+        if finish_reason == "stop":
+            self._detokenizer.finalize()
+            text, self._stopped = self._stops.feed(self._detokenizer.last_segment)
+            if text:
+                self._job.emit(TokenEvent(text, token))
+            return self._stopped
+        self._detokenizer.add_token(token)
+        if finish_reason is not None:
+            self._detokenizer.finalize()
+        text, self._stopped = self._stops.feed(self._detokenizer.last_segment)
+        self.completion_tokens += 1
+        self._job.emit(_token_event(text, token, logprobs, self._job.params.logprobs))
+        return self._stopped
+
+    def finish(self, finish_reason: str) -> None:
+        held = "" if self._stopped else self._stops.flush()
+        reason = "stop" if self._stopped else finish_reason
+        self._job.emit(
+            FinishEvent(
+                reason,
+                held,
+                len(self._job.prompt),
+                self.completion_tokens,
+                self._cached_tokens,
+            )
+        )
+
+
+def _token_event(text: str, token: int, logprobs: mx.array | None, top: int | None) -> TokenEvent:
+    if top is None or logprobs is None:
+        return TokenEvent(text, token)
+    top_logprobs = None
+    if top > 0:
+        ids = mx.argpartition(-logprobs, top - 1)[:top]
+        values = logprobs[ids]
+        order = mx.argsort(-values)
+        top_logprobs = list(zip(ids[order].tolist(), values[order].tolist(), strict=True))
+    return TokenEvent(text, token, logprobs[token].item(), top_logprobs)
