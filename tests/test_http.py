@@ -132,10 +132,11 @@ def test_chunked_request_body(server, launch, tiny_model):
     assert status == 413
 
 
-def endless(tiny_model, **extra) -> dict:
-    """A request that never ends by itself: the end-of-turn token is forbidden."""
-    end = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids("<|im_end|>")
-    return {"messages": BY_NAME["story"].messages, "logit_bias": {str(end): -100}, **extra}
+def endless(model, ends=("<|im_end|>",), **extra) -> dict:
+    """A request that never ends by itself: the end-of-turn tokens are forbidden."""
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    bias = {str(tokenizer.convert_tokens_to_ids(end)): -100 for end in ends}
+    return {"messages": BY_NAME["story"].messages, "logit_bias": bias, **extra}
 
 
 def test_keepalive_comments_while_waiting(launch, tiny_model):

@@ -1,0 +1,178 @@
+"""Continuous batching: concurrent requests decode together and every one of them gets
+exactly what it would get alone; abandoned requests leave the batch at once."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conversations import BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS
+from sse import chat_message, open_stream, stream
+from test_http import endless
+
+CHAT = "/v1/chat/completions"
+
+
+def tokens_and_message(server, body: dict, streamed: bool) -> tuple[list[str], dict]:
+    """The generated tokens (from logprobs) and the assistant message, tool ids left out."""
+    body = {**body, "logprobs": True}
+    if streamed:
+        result = stream(server.url, CHAT, body)
+        assert result.status == 200, result.lines
+        entries = [e for c in result.chunks if c["choices"] for e in _content(c)]
+        message = chat_message(result.chunks)
+    else:
+        status, _, reply = server.post(CHAT, body)
+        assert status == 200, reply
+        entries = reply["choices"][0]["logprobs"]["content"]
+        message = reply["choices"][0]["message"]
+        for call in message.get("tool_calls") or []:
+            del call["id"]
+    message.pop("refusal", None)
+    return [e["token"] for e in entries], message
+
+
+def _content(chunk: dict) -> list[dict]:
+    logprobs = chunk["choices"][0].get("logprobs") or {}
+    return logprobs.get("content") or []
+
+
+def concurrently(fn, items) -> list:
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(fn, items))
+
+
+@pytest.mark.parametrize(
+    ("model_fixture", "conversations"),
+    [("tiny_model", CONVERSATIONS), ("harmony_model", HARMONY_CONVERSATIONS)],
+    ids=["qwen3", "gpt-oss"],
+)
+def test_greedy_output_is_identical_alone_and_batched(
+    request, launch, model_fixture, conversations
+):
+    """Alone, then all at once beside a long-running stream (so every one joins a running
+    batch), streamed and not: the same tokens and the same message every time."""
+    model = request.getfixturevalue(model_fixture)
+    srv = launch(model, "--prompt-cache-size", "0")
+    alone = [tokens_and_message(srv, c.request, streamed=False) for c in conversations]
+    assert all(tokens for tokens, _ in alone)
+    background = endless_stream(srv, model, ENDS[model_fixture])
+    try:
+        jobs = [(c.request, i % 2 == 0) for i, c in enumerate(conversations)]
+        batched = concurrently(lambda job: tokens_and_message(srv, *job), jobs)
+    finally:
+        background.close()
+    assert batched == alone
+
+
+# Tokens that would end a reply, per fixture model.
+ENDS = {
+    "tiny_model": ("<|im_end|>",),
+    "harmony_model": ("<|return|>", "<|call|>", "<|endoftext|>"),
+}
+
+
+def endless_stream(srv, model, ends):
+    """A stream that keeps the batch busy until it is closed."""
+    body = {**endless(model, ends, max_tokens=5000), "stream": True}
+    conn, response = open_stream(srv.url, CHAT, body)
+    assert response.status == 200
+    response.readline()  # the stream has started: the batch is running
+    return conn
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched(server):
+    def sample(seed):
+        body = {
+            "messages": BY_NAME["story"].messages,
+            "temperature": 1.5,
+            "max_tokens": 25,
+            "seed": seed,
+        }
+        status, _, reply = server.post(CHAT, body)
+        assert status == 200, reply
+        return reply["choices"][0]["message"]["content"]
+
+    alone = [sample(seed) for seed in (1, 2, 3)]
+    assert len(set(alone)) == 3  # different seeds, different texts
+    batched = concurrently(sample, [1, 2, 3, None, None, 1])
+    assert batched[:3] == alone and batched[5] == alone[0]
+
+
+def test_n_choices_are_reproducible_and_the_first_matches_n_1(server):
+    body = {
+        "messages": BY_NAME["story"].messages,
+        "temperature": 1.5,
+        "max_tokens": 20,
+        "seed": 7,
+    }
+    status, _, three = server.post(CHAT, {**body, "n": 3})
+    assert status == 200
+    texts = [c["message"]["content"] for c in three["choices"]]
+    assert [c["index"] for c in three["choices"]] == [0, 1, 2]
+    assert len(set(texts)) == 3
+    _, _, again = server.post(CHAT, {**body, "n": 3})
+    assert [c["message"]["content"] for c in again["choices"]] == texts
+    _, _, one = server.post(CHAT, body)
+    assert one["choices"][0]["message"]["content"] == texts[0]
+    assert three["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+
+
+def test_streamed_n_choices_interleave_and_each_is_whole(server):
+    body = {"messages": BY_NAME["capital"].messages, "n": 2}
+    result = stream(server.url, CHAT, body)
+    indices = [c["choices"][0]["index"] for c in result.chunks]
+    assert set(indices) == {0, 1}
+    for index in (0, 1):
+        chunks = [c for c in result.chunks if c["choices"][0]["index"] == index]
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        assert text == BY_NAME["capital"].reply
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+def test_a_disconnected_client_frees_its_slot(launch, tiny_model, streamed):
+    """Room for one sequence: an abandoned request of 200,000 tokens must leave at once,
+    or the next request would wait for all of them."""
+    single = launch(tiny_model, "--decode-batch", "1", "--prefill-batch", "1")
+    body = {**endless(tiny_model, max_tokens=200_000), "stream": streamed}
+    conn, response = open_stream(single.url, CHAT, body) if streamed else _post_only(single, body)
+    if streamed:
+        response.readline()
+    time.sleep(0.5)  # the job is running
+    conn.close()
+    status, _, reply = single.post(CHAT, BY_NAME["capital"].request, timeout=60)
+    assert status == 200 and reply["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+
+
+def _post_only(srv, body: dict):
+    """Send a request without reading the reply."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(srv.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("POST", CHAT, json.dumps(body), {"Content-Type": "application/json"})
+    return conn, None
+
+
+def test_n_choices_share_one_prefill_and_match_the_cached_path(launch, tiny_model, server):
+    """With no prompt cache the n choices continue from one prefill of their prompt; the
+    texts equal those of a server that takes the prompt from its cache."""
+    fresh = launch(tiny_model, "--prompt-cache-size", "0")
+    greedy = {"messages": BY_NAME["story"].messages, "max_tokens": 30, "n": 3}
+    _, _, three = fresh.post(CHAT, greedy)
+    _, _, one = fresh.post(CHAT, {**greedy, "n": 1})
+    texts = {c["message"]["content"] for c in three["choices"]}
+    assert texts == {one["choices"][0]["message"]["content"]}
+    assert three["usage"]["completion_tokens"] == 3 * one["usage"]["completion_tokens"]
+    seeded = {**greedy, "temperature": 1.5, "seed": 11}
+    server.post(CHAT, {**seeded, "n": 1})  # the prompt is now in the session server's cache
+    results = [srv.post(CHAT, seeded)[2] for srv in (fresh, server)]
+    texts = [[c["message"]["content"] for c in r["choices"]] for r in results]
+    assert texts[0] == texts[1] and len(set(texts[0])) == 3
+    assert results[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert results[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

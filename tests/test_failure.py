@@ -1,0 +1,63 @@
+"""A failure inside the generation loop: the requests in flight get a 500 server_error
+with the message, the loop starts again, and the server keeps serving."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import Server
+from conversations import BY_NAME
+from test_http import endless
+
+from mlxserve.config import ServerConfig
+from mlxserve.engine import batch
+from mlxserve.server import build_server
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def failing_once(monkeypatch):
+    """The first decode step with two sequences in the batch raises."""
+    step = batch.BatchSession.step
+    failed = threading.Event()
+
+    def fail_once(self) -> None:
+        if len(self) >= 2 and not failed.is_set():
+            failed.set()
+            raise RuntimeError("injected failure")
+        step(self)
+
+    monkeypatch.setattr(batch.BatchSession, "step", fail_once)
+    return failed
+
+
+def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_once, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    server = build_server(ServerConfig(model=str(tiny_model), port=0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = Server(process=None, url=server.url.removesuffix("/v1"))
+    try:
+        bodies = [endless(tiny_model, max_tokens=3000), BY_NAME["capital"].request]
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(client.post, CHAT, bodies[0])
+            threading.Event().wait(0.5)  # the long request is decoding
+            second = pool.submit(client.post, CHAT, bodies[1])
+            replies = [first.result(timeout=60), second.result(timeout=60)]
+        assert failing_once.is_set()
+        for status, _, body in replies:
+            assert status == 500
+            assert body["error"]["type"] == "server_error"
+            assert "injected failure" in body["error"]["message"]
+        status, _, health = client.get("/health")
+        assert status == 200 and health["status"] == "ok"
+        status, _, body = client.post(CHAT, BY_NAME["capital"].request)
+        assert (
+            status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.endpoints.worker.stop()
