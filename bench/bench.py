@@ -1,157 +1,254 @@
-"""Single-stream benchmark: mlxserve vs mlx_lm.server vs raw mlx_lm.stream_generate.
+"""Throughput benchmark: mlxserve vs mlx_lm.server vs mlx-lm itself.
 
-Black-box: both servers run as subprocesses from this venv on the same model and are
-measured over HTTP with streaming, in interleaved rounds (A, B, A, B...). The raw
-in-process `stream_generate` run is the limit both are compared against. Every run
-decodes exactly `--tokens` tokens (the end-of-turn token is forbidden by logit_bias).
+Black-box: both servers run as subprocesses from this venv on the same locally built
+random-weight qwen3 models (bench/models.py) and are measured over streaming HTTP in
+interleaved rounds (mlxserve, mlx_lm.server, mlxserve, ...). In-process
+`stream_generate` and `BatchGenerator` runs are the limit. Every reply decodes exactly
+the tokens asked for (end tokens are forbidden by logit_bias). Figures are ratios, with
+min / median / max over rounds.
 
-    make bench                      # the demo model
-    make bench ARGS="--model PATH --rounds 5 --tokens 256"
+    make bench                                   # both models, 3 rounds
+    make bench ARGS="--models 7m --rounds 5"
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
-import socket
+import itertools
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
-PROMPT = "Write a long story about a fisherman and a silver bottle."
+import models
+from harness import Reply, Target
+
+SERVERS = ("mlxserve", "mlx_lm.server")
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+_ids = itertools.count()
 
 
-@dataclass
-class Sample:
-    ttft: float  # seconds to the first token
-    decode_tps: float  # tokens per second after the first
+class Workload:
+    """Prompts of known token lengths; every call makes a prompt no cache has seen."""
+
+    def __init__(self, path: Path, tokens: int, long_prompt: int):
+        from mlx_lm import load
+
+        self.model, self.tokenizer = load(str(path))
+        self.tokens = tokens
+        self.long_prompt = long_prompt
+        vocab = self.tokenizer.get_vocab()
+        self.logit_bias = {str(vocab[t]): -100 for t in END_TOKENS if t in vocab}
+
+    def text(self, n_tokens: int) -> str:
+        """About `n_tokens` of fresh text (a unique opening line, then numbered notes)."""
+        opening = f"Session {next(_ids)}-{time.time_ns()}."
+        lines = [opening]
+        i = 0
+        while len(self.tokenizer.encode(" ".join(lines))) < n_tokens:
+            lines.append(f"Note {i}: the fisherman counted {i * 7 % 97} silver fish at dawn.")
+            i += 1
+        return " ".join(lines)
+
+    def user(self, n_tokens: int) -> list[dict]:
+        return [{"role": "user", "content": self.text(n_tokens)}]
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def then(messages: list[dict], reply: Reply, question: str) -> list[dict]:
+    return [
+        *messages,
+        {"role": "assistant", "content": reply.text},
+        {"role": "user", "content": question},
+    ]
 
 
-def wait_ready(port: int, process: subprocess.Popen, path: str) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server on port {port} exited with {process.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", path)
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"server on port {port} did not start")
+# Scenarios: each takes a server and the workload and returns named measurements.
 
 
-def start(name: str, model: str) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    module = {"mlxserve": "mlxserve", "mlx_lm.server": "mlx_lm.server"}[name]
-    command = [sys.executable, "-m", module, "--model", model, "--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_ready(port, process, "/health" if name == "mlxserve" else "/v1/models")
-    return process, port
+def single_stream(target: Target, w: Workload) -> dict[str, float]:
+    cpu = target.cpu_seconds()
+    reply = target.chat(w.user(20), w.tokens, w.logit_bias)
+    cpu = target.cpu_seconds() - cpu
+    return {
+        "decode tok/s": reply.decode_tps,
+        "TTFT s (short prompt)": reply.ttft,
+        "CPU ms/token": 1000 * cpu / reply.completion_tokens,
+    }
 
 
-def http_sample(port: int, body: dict) -> Sample:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    start = time.perf_counter()
-    conn.request(
-        "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
-    )
-    response = conn.getresponse()
-    stamps = []
-    for raw in response:
-        line = raw.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-            stamps.append(time.perf_counter())
-    conn.close()
-    return Sample(stamps[0] - start, (len(stamps) - 1) / (stamps[-1] - stamps[0]))
+def cold_prefill(target: Target, w: Workload) -> dict[str, float]:
+    return {"cold prefill TTFT s": target.chat(w.user(w.long_prompt), 2, w.logit_bias).ttft}
 
 
-def raw_sample(model, tokenizer, prompt: list[int], tokens: int, end_token: int) -> Sample:
+def second_turn(target: Target, w: Workload) -> dict[str, float]:
+    messages = w.user(w.long_prompt)
+    first = target.chat(messages, 16, w.logit_bias)
+    second = target.chat(then(messages, first, "And then?"), 2, w.logit_bias)
+    return {"turn 2 / turn 1 TTFT": second.ttft / first.ttft}
+
+
+def alternating(target: Target, w: Workload) -> dict[str, float]:
+    a, b = w.user(w.long_prompt // 2), w.user(w.long_prompt // 2)
+    a1 = target.chat(a, 16, w.logit_bias)
+    b1 = target.chat(b, 16, w.logit_bias)
+    a2 = target.chat(then(a, a1, "And then?"), 2, w.logit_bias)
+    b2 = target.chat(then(b, b1, "And then?"), 2, w.logit_bias)
+    return {"alternating: turn 2 / turn 1 TTFT": (a2.ttft + b2.ttft) / (a1.ttft + b1.ttft)}
+
+
+def shared_system(target: Target, w: Workload) -> dict[str, float]:
+    system = {"role": "system", "content": w.text(w.long_prompt)}
+    one = target.chat([system, *w.user(20)], 2, w.logit_bias)
+    other = target.chat([system, *w.user(20)], 2, w.logit_bias)
+    return {"shared system: 2nd / 1st TTFT": other.ttft / one.ttft}
+
+
+def concurrent(n: int) -> Callable[[Target, Workload], dict[str, float]]:
+    def run(target: Target, w: Workload) -> dict[str, float]:
+        start = time.perf_counter()
+        replies = target.chat_together([(w.user(20), w.tokens)] * n, w.logit_bias)
+        wall = max(r.finished for r in replies) - start
+        ttfts = sorted(r.ttft for r in replies)
+        return {
+            f"{n} concurrent: total tok/s": sum(r.completion_tokens for r in replies) / wall,
+            f"{n} concurrent: TTFT p50 s": statistics.median(ttfts),
+        }
+
+    return run
+
+
+SCENARIOS = [
+    single_stream,
+    cold_prefill,
+    second_turn,
+    alternating,
+    shared_system,
+    concurrent(1),
+    concurrent(4),
+    concurrent(8),
+]
+
+
+# The limit: mlx-lm in this process, no HTTP.
+
+
+def raw_limits(w: Workload) -> dict[str, float]:
     import mlx.core as mx
     from mlx_lm import stream_generate
+    from mlx_lm.generate import BatchGenerator
+
+    banned = mx.array([int(t) for t in w.logit_bias])
 
     def no_end(_tokens, logits):
-        return logits.at[:, end_token].add(mx.array(-100.0))
+        return logits.at[:, banned].add(mx.array(-100.0))
 
+    results = {}
+    cpu = time.process_time()
     start = time.perf_counter()
-    stamps = []
-    for _ in stream_generate(
-        model, tokenizer, prompt, max_tokens=tokens, logits_processors=[no_end]
-    ):
-        stamps.append(time.perf_counter())
-    return Sample(stamps[0] - start, (len(stamps) - 1) / (stamps[-1] - stamps[0]))
+    stamps = [time.perf_counter() for _ in stream_generate(
+        w.model, w.tokenizer, w.prompt_ids(w.user(20)), max_tokens=w.tokens,
+        logits_processors=[no_end],
+    )]  # fmt: skip
+    cpu = time.process_time() - cpu
+    results["decode tok/s"] = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    results["TTFT s (short prompt)"] = stamps[0] - start
+    results["CPU ms/token"] = 1000 * cpu / len(stamps)
+    start = time.perf_counter()
+    next(iter(stream_generate(w.model, w.tokenizer, w.prompt_ids(w.user(w.long_prompt)), 1)))
+    results["cold prefill TTFT s"] = time.perf_counter() - start
+    for n in (1, 4, 8):
+        generator = BatchGenerator(w.model, stop_tokens=[], logits_processors=[no_end])
+        prompts = [w.prompt_ids(w.user(20)) for _ in range(n)]
+        start = time.perf_counter()
+        generator.insert(prompts, max_tokens=[w.tokens] * n)
+        done = 0
+        while done < n:
+            done += sum(r.finish_reason is not None for r in generator.next_generated())
+        results[f"{n} concurrent: total tok/s"] = n * w.tokens / (time.perf_counter() - start)
+        generator.close()
+    return results
+
+
+def restart_with_disk_tier(path: Path, w: Workload) -> dict[str, float]:
+    """mlxserve only: a long conversation, a restart, and its next turn."""
+    with tempfile.TemporaryDirectory() as folder:
+        args = ("--prompt-cache-dir", folder)
+        target = Target("mlxserve", path, *args)
+        messages = w.user(w.long_prompt)
+        first = target.chat(messages, 16, w.logit_bias)
+        target.stop()
+        target = Target("mlxserve", path, *args)
+        try:
+            second = target.chat(then(messages, first, "And then?"), 2, w.logit_bias)
+        finally:
+            target.stop()
+    return {"after restart: turn 2 / cold TTFT": second.ttft / first.ttft}
 
 
 def summary(values: list[float]) -> str:
-    return f"{min(values):8.3f} {statistics.median(values):8.3f} {max(values):8.3f}"
+    return f"{min(values):9.3f} {statistics.median(values):9.3f} {max(values):9.3f}"
+
+
+def report(title: str, results: dict, raw: list[dict], restart: list[dict]) -> None:
+    print(f"\n## {title}  (min / median / max over {len(raw)} rounds)\n")
+    metrics = list(dict.fromkeys(k for r in results["mlxserve"] for k in r))
+    print(f"{'':38} {'mlxserve':>29} {'mlx_lm.server':>29} {'mlxserve / mlx_lm.server':>29}")
+    for metric in metrics:
+        ours = [r[metric] for r in results["mlxserve"]]
+        theirs = [r[metric] for r in results["mlx_lm.server"]]
+        ratio = [a / b for a, b in zip(ours, theirs, strict=True)]
+        print(f"{metric:38} {summary(ours)} {summary(theirs)} {summary(ratio)}")
+    print(f"\n{'vs raw mlx-lm (server / raw)':38} {'mlxserve':>29} {'mlx_lm.server':>29}")
+    for metric in raw[0]:
+        line = f"{metric:38}"
+        for name in SERVERS:
+            ratio = [r[metric] / lim[metric] for r, lim in zip(results[name], raw, strict=True)]
+            line += f" {summary(ratio)}"
+        print(line)
+    for metric in restart[0] if restart else []:
+        print(f"\n{metric:38} {summary([r[metric] for r in restart])}  (mlxserve)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="demo")
+    parser.add_argument("--models", default="7m,50m", help=f"of {', '.join(models.MODELS)}")
+    parser.add_argument("--dtype", help="default: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=128, help="decoded per reply")
+    parser.add_argument("--long-prompt", type=int, default=2000, help="tokens")
     args = parser.parse_args()
 
-    from mlx_lm import load
+    import mlx.core as mx
 
-    from mlxserve.models.provider import resolve_model_path
-
-    path = str(resolve_model_path(args.model))
-    model, tokenizer = load(path)
-    messages = [{"role": "user", "content": PROMPT}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    end_token = next(iter(tokenizer.eos_token_ids))
-    body = {
-        "messages": messages,
-        "max_tokens": args.tokens,
-        "stream": True,
-        "temperature": 0.0,
-        "logit_bias": {str(end_token): -100},
-    }
-    servers = {name: start(name, path) for name in ("mlxserve", "mlx_lm.server")}
-    results: dict[str, list[Sample]] = {"raw": [], "mlxserve": [], "mlx_lm.server": []}
-    try:
-        for _, port in servers.values():
-            http_sample(port, body)  # warm-up
-        raw_sample(model, tokenizer, prompt, args.tokens, end_token)
-        for _ in range(args.rounds):
-            results["raw"].append(raw_sample(model, tokenizer, prompt, args.tokens, end_token))
-            for name, (_, port) in servers.items():
-                # Each request differs in its first message so no prompt cache is reused.
-                fresh = {
-                    **body,
-                    "messages": [{"role": "user", "content": f"{time.time()} {PROMPT}"}],
-                }
-                results[name].append(http_sample(port, fresh))
-    finally:
-        for process, _ in servers.values():
-            process.terminate()
-
-    raw_tps = statistics.median(s.decode_tps for s in results["raw"])
-    print(
-        f"\nmodel: {Path(path).name}; {args.tokens} tokens; {args.rounds} rounds (min median max)"
-    )
-    print(f"{'':15} {'decode tok/s':>26}   {'ratio vs raw':>26}   {'TTFT s':>26}")
-    for name, samples in results.items():
-        tps = [s.decode_tps for s in samples]
-        ratios = [t / raw_tps for t in tps]
-        ttft = [s.ttft for s in samples]
-        print(f"{name:15} {summary(tps)}   {summary(ratios)}   {summary(ttft)}")
+    dtype = args.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    print(f"device: {mx.default_device()}, dtype {dtype}, {args.tokens} tokens per reply")
+    for key in args.models.split(","):
+        path = models.build(models.MODELS[key], dtype)
+        w = Workload(path, args.tokens, args.long_prompt)
+        targets = {name: Target(name, path) for name in SERVERS}
+        results: dict[str, list[dict]] = defaultdict(list)
+        raw: list[dict] = []
+        try:
+            for target in targets.values():
+                single_stream(target, w)  # warm-up
+            for _ in range(args.rounds):
+                raw.append(raw_limits(w))
+                rows = {name: {} for name in SERVERS}
+                for scenario in SCENARIOS:
+                    for name, target in targets.items():
+                        rows[name].update(scenario(target, w))
+                for name in SERVERS:
+                    results[name].append(rows[name])
+        finally:
+            for target in targets.values():
+                target.stop()
+        restart = [restart_with_disk_tier(path, w) for _ in range(args.rounds)]
+        report(f"{path.name} ({key})", results, raw, restart)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ The parser has the interface of OutputParser and emits the same events.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 
@@ -34,6 +35,7 @@ _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 HEADER, IGNORED = "header", "ignored"
 
 
+@functools.lru_cache(maxsize=16)  # per tokenizer: building its vocabulary dict takes ~50 ms
 def is_harmony(tokenizer) -> bool:
     vocab = tokenizer.get_vocab()
     return "<|channel|>" in vocab and MESSAGE in vocab

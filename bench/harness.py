@@ -1,0 +1,136 @@
+"""Servers as black boxes: start one from this venv, stream chat requests at it, read its
+CPU time, stop it (SIGTERM, as a service manager would)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+MODULES = {"mlxserve": "mlxserve", "mlx_lm.server": "mlx_lm.server"}
+
+
+@dataclass
+class Reply:
+    """One streamed reply: when it was sent, when each content chunk arrived, and usage."""
+
+    sent: float
+    stamps: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    text: str = ""
+
+    @property
+    def ttft(self) -> float:
+        return self.stamps[0] - self.sent
+
+    @property
+    def finished(self) -> float:
+        return self.stamps[-1]
+
+    @property
+    def decode_tps(self) -> float:
+        return (self.completion_tokens - 1) / (self.stamps[-1] - self.stamps[0])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Target:
+    def __init__(self, kind: str, model: Path, *args: str):
+        self.kind = kind
+        self.port = free_port()
+        command = [sys.executable, "-m", MODULES[kind], "--model", str(model)]
+        command += ["--port", str(self.port), *args]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait_ready()
+        self._ps = psutil.Process(self.process.pid)
+
+    def _wait_ready(self) -> None:
+        path = "/health" if self.kind == "mlxserve" else "/v1/models"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited with {self.process.returncode}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", path)
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{self.kind} did not start")
+
+    def cpu_seconds(self) -> float:
+        times = self._ps.cpu_times()
+        return times.user + times.system
+
+    def chat(self, messages: list[dict], max_tokens: int, logit_bias: dict) -> Reply:
+        body = {
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "logit_bias": logit_bias,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
+        reply = Reply(time.perf_counter())
+        conn.request(
+            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{self.kind}: HTTP {response.status} {response.read()[:300]}")
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                reply.completion_tokens = usage["completion_tokens"]
+                details = usage.get("prompt_tokens_details") or {}
+                reply.cached_tokens = details.get("cached_tokens") or 0
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                reply.stamps.append(time.perf_counter())
+                reply.text += chunk["choices"][0]["delta"]["content"]
+        conn.close()
+        return reply
+
+    def chat_together(self, requests: list[tuple[list[dict], int]], logit_bias: dict) -> list:
+        """Send all requests at once, each on its own connection."""
+        replies: list[Reply | None] = [None] * len(requests)
+        start = threading.Barrier(len(requests))
+
+        def run(i: int) -> None:
+            start.wait()
+            replies[i] = self.chat(*requests[i], logit_bias)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return replies
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()

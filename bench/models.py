@@ -1,0 +1,76 @@
+"""Random-weight qwen3 models for the benchmark, with a real BPE tokenizer and chat
+template (the demo model's), built locally once: speed does not depend on the weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+    def config(self, vocab_size: int, eos_token_id: int) -> dict:
+        return {
+            "model_type": "qwen3",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hidden // self.heads,
+            "vocab_size": vocab_size,
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": True,
+            "eos_token_id": eos_token_id,
+        }
+
+
+MODELS = {
+    "7m": BenchModel("qwen3-7m", hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384),
+    "50m": BenchModel("qwen3-50m", hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408),
+}
+
+
+def build(spec: BenchModel, dtype: str) -> Path:
+    """The model folder (built on first use under the mlxserve cache)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3
+
+    from mlxserve.models.demo import cache_root, ensure_demo_model
+
+    out = cache_root() / "bench" / f"{spec.name}-{dtype}"
+    if (out / "model.safetensors").is_file():
+        return out
+    tokenizer_source = ensure_demo_model()
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_source / name, partial / name)
+    source_config = json.loads((tokenizer_source / "config.json").read_text())
+    config = spec.config(source_config["vocab_size"], source_config["eos_token_id"])
+    (partial / "config.json").write_text(json.dumps(config, indent=2))
+    mx.random.seed(0)
+    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(partial / "model.safetensors"), weights)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    params = sum(w.size for w in weights.values())
+    print(f"built {out.name}: {params / 1e6:.1f}M parameters", flush=True)
+    return out
