@@ -99,10 +99,12 @@ def parser() -> argparse.ArgumentParser:
         default=10.0,
         help="size cap of --prompt-cache-dir (oldest used go first)",
     )
-    p.add_argument("--decode-batch", type=int, default=32, help="most sequences decoding together")
+    p.add_argument(
+        "--max-concurrent", type=int, default=32, help="most sequences decoding together"
+    )
     p.add_argument("--prefill-batch", type=int, default=8, help="most prompts processed together")
     p.add_argument(
-        "--prefill-step", type=int, default=2048, help="prompt tokens processed per model call"
+        "--prefill-chunk", type=int, default=2048, help="prompt tokens processed per model call"
     )
     p.add_argument(
         "--cache-limit-gb",
@@ -144,9 +146,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         prompt_cache_bytes=args.prompt_cache_bytes,
         prompt_cache_dir=args.prompt_cache_dir,
         prompt_cache_disk_gb=args.prompt_cache_disk_gb,
-        decode_batch=args.decode_batch,
+        max_concurrent=args.max_concurrent,
         prefill_batch=args.prefill_batch,
-        prefill_step=args.prefill_step,
+        prefill_chunk=args.prefill_chunk,
         cache_limit_gb=args.cache_limit_gb,
     )
 

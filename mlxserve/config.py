@@ -42,7 +42,7 @@ class ServerConfig:
     prompt_cache_bytes: int | None = None  # None: no byte budget
     prompt_cache_dir: Path | None = None  # the disk tier; None: memory only
     prompt_cache_disk_gb: float = 10.0
-    decode_batch: int = 32
+    max_concurrent: int = 32
     prefill_batch: int = 8
-    prefill_step: int = 2048
+    prefill_chunk: int = 2048
     cache_limit_gb: float | None = None  # MLX's buffer cache; None: MLX's default

@@ -48,7 +48,9 @@ def build_server(config: ServerConfig) -> MLXServer:
     if config.prompt_cache_dir is not None:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
-    limits = BatchLimits(config.decode_batch, config.prefill_batch, config.prefill_step)
+    # Prompts being processed hold decode slots too: never more of them than slots.
+    prefill_batch = min(config.prefill_batch, config.max_concurrent)
+    limits = BatchLimits(config.max_concurrent, prefill_batch, config.prefill_chunk)
     worker = GenerationWorker(provider, cache, limits)
     worker.start()
     if config.cache_limit_gb is not None:

@@ -136,7 +136,7 @@ def test_streamed_n_choices_interleave_and_each_is_whole(server):
 def test_a_disconnected_client_frees_its_slot(launch, tiny_model, streamed):
     """Room for one sequence: an abandoned request of 200,000 tokens must leave at once,
     or the next request would wait for all of them."""
-    single = launch(tiny_model, "--decode-batch", "1", "--prefill-batch", "1")
+    single = launch(tiny_model, "--max-concurrent", "1")
     body = {**endless(tiny_model, max_tokens=200_000), "stream": streamed}
     conn, response = open_stream(single.url, CHAT, body) if streamed else _post_only(single, body)
     if streamed:

@@ -141,9 +141,7 @@ def endless(model, ends=("<|im_end|>",), **extra) -> dict:
 
 def test_keepalive_comments_while_waiting(launch, tiny_model):
     """With room for one sequence, a second request waits for the first to finish."""
-    single = launch(
-        tiny_model, "--decode-batch", "1", "--prefill-batch", "1", "--keepalive-seconds", "0.5"
-    )
+    single = launch(tiny_model, "--max-concurrent", "1", "--keepalive-seconds", "0.5")
     busy = threading.Thread(target=single.post, args=(CHAT, endless(tiny_model, max_tokens=1500)))
     busy.start()
     time.sleep(0.3)

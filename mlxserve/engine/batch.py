@@ -40,7 +40,7 @@ def can_batch(loaded: LoadedModel) -> bool:
 class BatchLimits:
     decode: int = 32  # sequences decoding together
     prefill: int = 8  # prompts processed together
-    prefill_step: int = 2048  # prompt tokens per model call
+    prefill_chunk: int = 2048  # prompt tokens per model call
 
 
 @dataclass
@@ -62,7 +62,7 @@ class BatchSession:
             stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
             completion_batch_size=limits.decode,
             prefill_batch_size=limits.prefill,
-            prefill_step_size=limits.prefill_step,
+            prefill_step_size=limits.prefill_chunk,
         )
         self._sequences: dict[int, _Sequence] = {}
 
@@ -140,7 +140,7 @@ class BatchSession:
         """Process all but the last prompt token into `hit.cache`; None if every job was
         cancelled meanwhile."""
         todo = hit.rest[:-1]
-        step = self._limits.prefill_step
+        step = self._limits.prefill_chunk
         for start in range(0, len(todo), step):
             if all(job.cancelled.is_set() for job in jobs):
                 return None

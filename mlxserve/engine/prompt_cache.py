@@ -64,31 +64,30 @@ class PromptCache:
         """A private copy of the cache to continue from; `models` are the model (and
         draft) a fresh cache is made for."""
         wanted = np.asarray(prompt, dtype=np.int64)
-        best, best_len = None, 0
-        for (entry_key, digest), entry in self._entries.items():
-            if entry_key != key:
-                continue
-            usable = usable_prefix(entry.tokens, wanted, can_trim_prompt_cache(entry.cache))
-            if usable > best_len:
-                best, best_len = (entry_key, digest), usable
-        cache = None
-        if best is not None:
-            entry = self._entries[best]
-            self._entries.move_to_end(best)
-            cache = copy.deepcopy(entry.cache)
-            length = len(entry.tokens)
-        if self._disk is not None:
-            loaded = self._disk.load_longer(key, wanted, best_len)
-            if loaded is not None:
-                tokens, cache, best_len = loaded
-                length = len(tokens)
-                self.store(key, tokens.tolist(), copy.deepcopy(cache))
-        if cache is None:
+        ident, usable = self._best_entry(key, wanted)
+        loaded = self._disk.load_longer(key, wanted, usable) if self._disk else None
+        if loaded is not None:
+            tokens, cache, usable = loaded
+            self.store(key, tokens.tolist(), copy.deepcopy(cache))
+        elif ident is not None:
+            self._entries.move_to_end(ident)
+            tokens, cache = self._entries[ident].tokens, copy.deepcopy(self._entries[ident].cache)
+        else:
             cache = [c for model in models for c in make_prompt_cache(model)]
             return CacheHit(cache, list(prompt), 0)
-        if length > best_len:
-            trim_prompt_cache(cache, length - best_len)
-        return CacheHit(cache, list(prompt[best_len:]), best_len)
+        if len(tokens) > usable:
+            trim_prompt_cache(cache, len(tokens) - usable)
+        return CacheHit(cache, list(prompt[usable:]), usable)
+
+    def _best_entry(self, key: str, prompt: np.ndarray) -> tuple[tuple[str, bytes] | None, int]:
+        """The memory entry covering most of `prompt`, and how many tokens it covers."""
+        best, best_len = None, 0
+        for ident, entry in self._entries.items():
+            if ident[0] == key:
+                usable = usable_prefix(entry.tokens, prompt, can_trim_prompt_cache(entry.cache))
+                if usable > best_len:
+                    best, best_len = ident, usable
+        return best, best_len
 
     def store(self, key: str, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache`, which holds exactly `tokens`, for later prompts to extend."""
