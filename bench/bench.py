@@ -17,6 +17,7 @@ import argparse
 import itertools
 import statistics
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -114,12 +115,51 @@ def concurrent(n: int) -> Callable[[Target, Workload], dict[str, float]]:
         replies = target.chat_together([(w.user(20), w.tokens)] * n, w.logit_bias)
         wall = max(r.finished for r in replies) - start
         ttfts = sorted(r.ttft for r in replies)
-        return {
+        results = {
             f"{n} concurrent: total tok/s": sum(r.completion_tokens for r in replies) / wall,
             f"{n} concurrent: TTFT p50 s": statistics.median(ttfts),
         }
+        if n > 1:
+            p95 = statistics.quantiles(ttfts, n=20, method="inclusive")[18]
+            results[f"{n} concurrent: TTFT p95 s"] = p95
+        return results
 
+    run.__name__ = f"concurrent_{n}"
     return run
+
+
+def mixed(target: Target, w: Workload) -> dict[str, float]:
+    """Four streams decode; then a long prompt arrives. How long do the streams pause
+    while it is processed, against how long it waits for its first token?"""
+    stop = threading.Event()
+    streams = [Reply(time.perf_counter()) for _ in range(4)]
+    threads = [
+        threading.Thread(target=target.chat, args=(w.user(20), 100_000, w.logit_bias, r, stop))
+        for r in streams
+    ]
+    for thread in threads:
+        thread.start()
+    while min(len(r.stamps) for r in streams) < 5:
+        time.sleep(0.01)
+    arriving = target.chat(w.user(w.long_prompt), 2, w.logit_bias)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    start, end = arriving.sent, arriving.stamps[0]
+    gaps, rates = [], []
+    for r in streams:
+        # The gaps that overlap the window, from the last token before it on.
+        before = [t for t in r.stamps if t <= start][-1:]
+        inside = [t for t in r.stamps if start < t <= end]
+        after = [t for t in r.stamps if t > end][:1]
+        stamps = before + inside + after
+        gaps.append(max((b - a for a, b in itertools.pairwise(stamps)), default=end - start))
+        rates.append(len(inside) / (end - start))
+    return {
+        "mixed: longest stream gap / new TTFT": max(gaps) / arriving.ttft,
+        "mixed: stream tok/s during prefill": statistics.mean(rates),
+        "mixed: new prompt TTFT s": arriving.ttft,
+    }
 
 
 SCENARIOS = [
@@ -131,6 +171,7 @@ SCENARIOS = [
     concurrent(1),
     concurrent(4),
     concurrent(8),
+    mixed,
 ]
 
 
@@ -195,7 +236,8 @@ def summary(values: list[float]) -> str:
 
 
 def report(title: str, results: dict, raw: list[dict], restart: list[dict]) -> None:
-    print(f"\n## {title}  (min / median / max over {len(raw)} rounds)\n")
+    rounds = len(results["mlxserve"])
+    print(f"\n## {title}  (min / median / max over {rounds} rounds)\n")
     metrics = list(dict.fromkeys(k for r in results["mlxserve"] for k in r))
     print(f"{'':38} {'mlxserve':>29} {'mlx_lm.server':>29} {'mlxserve / mlx_lm.server':>29}")
     for metric in metrics:
@@ -203,8 +245,9 @@ def report(title: str, results: dict, raw: list[dict], restart: list[dict]) -> N
         theirs = [r[metric] for r in results["mlx_lm.server"]]
         ratio = [a / b for a, b in zip(ours, theirs, strict=True)]
         print(f"{metric:38} {summary(ours)} {summary(theirs)} {summary(ratio)}")
-    print(f"\n{'vs raw mlx-lm (server / raw)':38} {'mlxserve':>29} {'mlx_lm.server':>29}")
-    for metric in raw[0]:
+    if raw:
+        print(f"\n{'vs raw mlx-lm (server / raw)':38} {'mlxserve':>29} {'mlx_lm.server':>29}")
+    for metric in raw[0] if raw else []:
         line = f"{metric:38}"
         for name in SERVERS:
             ratio = [r[metric] / lim[metric] for r, lim in zip(results[name], raw, strict=True)]
@@ -221,7 +264,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128, help="decoded per reply")
     parser.add_argument("--long-prompt", type=int, default=2000, help="tokens")
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated scenarios, of {', '.join(s.__name__ for s in SCENARIOS)}",
+    )
     args = parser.parse_args()
+    scenarios = [s for s in SCENARIOS if not args.only or s.__name__ in args.only.split(",")]
 
     import mlx.core as mx
 
@@ -237,9 +285,10 @@ def main() -> None:
             for target in targets.values():
                 single_stream(target, w)  # warm-up
             for _ in range(args.rounds):
-                raw.append(raw_limits(w))
+                if not args.only:
+                    raw.append(raw_limits(w))
                 rows = {name: {} for name in SERVERS}
-                for scenario in SCENARIOS:
+                for scenario in scenarios:
                     for name, target in targets.items():
                         rows[name].update(scenario(target, w))
                 for name in SERVERS:
@@ -247,7 +296,7 @@ def main() -> None:
         finally:
             for target in targets.values():
                 target.stop()
-        restart = [restart_with_disk_tier(path, w) for _ in range(args.rounds)]
+        restart = [] if args.only else [restart_with_disk_tier(path, w) for _ in range(args.rounds)]
         report(f"{path.name} ({key})", results, raw, restart)
 
 

@@ -79,7 +79,16 @@ class Target:
         times = self._ps.cpu_times()
         return times.user + times.system
 
-    def chat(self, messages: list[dict], max_tokens: int, logit_bias: dict) -> Reply:
+    def chat(
+        self,
+        messages: list[dict],
+        max_tokens: int,
+        logit_bias: dict,
+        reply: Reply | None = None,
+        stop: threading.Event | None = None,
+    ) -> Reply:
+        """Stream one reply into `reply` (read by other threads meanwhile); hang up early
+        once `stop` is set."""
         body = {
             "messages": messages,
             "max_tokens": max_tokens,
@@ -89,7 +98,7 @@ class Target:
             "stream_options": {"include_usage": True},
         }
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
-        reply = Reply(time.perf_counter())
+        reply = reply or Reply(time.perf_counter())
         conn.request(
             "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
         )
@@ -97,6 +106,8 @@ class Target:
         if response.status != 200:
             raise RuntimeError(f"{self.kind}: HTTP {response.status} {response.read()[:300]}")
         for raw in response:
+            if stop is not None and stop.is_set():
+                break
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue

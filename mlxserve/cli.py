@@ -14,6 +14,13 @@ from mlxserve.config import SamplingDefaults, ServerConfig
 from mlxserve.postprocess import reasoning, tools
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mlxserve", description="An OpenAI-compatible HTTP server for MLX models."
@@ -100,11 +107,19 @@ def parser() -> argparse.ArgumentParser:
         help="size cap of --prompt-cache-dir (oldest used go first)",
     )
     p.add_argument(
-        "--max-concurrent", type=int, default=32, help="most sequences decoding together"
+        "--max-concurrent", type=positive_int, default=32, help="most sequences decoding together"
     )
-    p.add_argument("--prefill-batch", type=int, default=8, help="most prompts processed together")
     p.add_argument(
-        "--prefill-chunk", type=int, default=2048, help="prompt tokens processed per model call"
+        "--max-queue",
+        type=positive_int,
+        default=256,
+        help="most sequences waiting for a slot; beyond it requests get 503 with Retry-After",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=256,
+        help="prompt tokens processed per decode step of the running streams",
     )
     p.add_argument(
         "--cache-limit-gb",
@@ -147,7 +162,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         prompt_cache_dir=args.prompt_cache_dir,
         prompt_cache_disk_gb=args.prompt_cache_disk_gb,
         max_concurrent=args.max_concurrent,
-        prefill_batch=args.prefill_batch,
+        max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
         cache_limit_gb=args.cache_limit_gb,
     )

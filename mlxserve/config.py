@@ -43,6 +43,6 @@ class ServerConfig:
     prompt_cache_dir: Path | None = None  # the disk tier; None: memory only
     prompt_cache_disk_gb: float = 10.0
     max_concurrent: int = 32
-    prefill_batch: int = 8
-    prefill_chunk: int = 2048
+    max_queue: int = 256  # sequences waiting beyond the running ones; more get 503
+    prefill_chunk: int = 256
     cache_limit_gb: float | None = None  # MLX's buffer cache; None: MLX's default

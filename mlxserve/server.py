@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 class MLXServer(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 makes the 6th of a burst of connections wait for
+    # a TCP retransmission (a second or more).
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(self, config: ServerConfig, endpoints: Endpoints):
         if ":" in config.host:
@@ -48,10 +51,8 @@ def build_server(config: ServerConfig) -> MLXServer:
     if config.prompt_cache_dir is not None:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
-    # Prompts being processed hold decode slots too: never more of them than slots.
-    prefill_batch = min(config.prefill_batch, config.max_concurrent)
-    limits = BatchLimits(config.max_concurrent, prefill_batch, config.prefill_chunk)
-    worker = GenerationWorker(provider, cache, limits)
+    limits = BatchLimits(config.max_concurrent, config.prefill_chunk)
+    worker = GenerationWorker(provider, cache, limits, config.max_concurrent + config.max_queue)
     worker.start()
     if config.cache_limit_gb is not None:
         worker.call(lambda: mx.set_cache_limit(int(config.cache_limit_gb * 2**30)))

@@ -13,6 +13,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -20,6 +21,7 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers or {}  # extra response headers
 
     def body(self) -> dict:
         return {
@@ -42,6 +44,17 @@ def not_found(message: str, param: str | None = None, code: str | None = None) -
 
 def unavailable(message: str) -> APIError:
     return APIError(503, message, "server_error", None, "service_unavailable")
+
+
+def busy(message: str, retry_after_seconds: int) -> APIError:
+    return APIError(
+        503,
+        message,
+        "server_error",
+        None,
+        "server_busy",
+        headers={"Retry-After": str(retry_after_seconds)},
+    )
 
 
 def server_error(message: str) -> APIError:

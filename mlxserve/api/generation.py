@@ -150,7 +150,8 @@ class GenerationRun:
             )
             for plan in self._plans
         }
-        self._worker.submit(list(jobs.values()))
+        submitted = list(jobs.values())
+        self._worker.submit(submitted)
         last_check = time.monotonic()
         try:
             while jobs:
@@ -175,6 +176,7 @@ class GenerationRun:
         finally:
             for job in jobs.values():
                 job.cancel()
+            self._worker.release(submitted)
 
     def _count(self, plan: ChoicePlan, event: FinishEvent) -> None:
         self.usage.completion_tokens += event.completion_tokens

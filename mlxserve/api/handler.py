@@ -167,10 +167,12 @@ class APIHandler(BaseHTTPRequestHandler):
         origin = self.headers.get("Origin")
         return origin if origin in allowed else None
 
-    def _send_json(self, status: int, body: dict) -> None:
+    def _send_json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         if self.close_connection:
             self.send_header("Connection", "close")
@@ -186,7 +188,7 @@ class APIHandler(BaseHTTPRequestHandler):
             return
         if error.status >= 500:
             log.error("%s %s -> %d: %s", self.command, self.path, error.status, error.message)
-        self._send_json(error.status, error.body())
+        self._send_json(error.status, error.body(), error.headers)
 
     def log_message(self, format: str, *args) -> None:
         log.debug("%s - %s", self.address_string(), format % args)

@@ -1,9 +1,9 @@
 """Continuous batching for one loaded model, on mlx-lm's BatchGenerator.
 
-New sequences join the running batch at the next step; each keeps its own sampler,
-logits processors, stop strings, logprobs and token limit. A sequence that finishes, hits
-a stop string or is cancelled leaves the batch at once and its KV cache goes to the
-prompt cache.
+Admitted requests wait until the scheduler gives them prompt-processing budget (see
+`scheduler`); then they join the running batch, each with its own sampler, logits
+processors, stop strings, logprobs and token limit. A sequence that finishes, hits a stop
+string or is cancelled leaves the batch at once and its KV cache goes to the prompt cache.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.engine.jobs import GenerationJob
-from mlxserve.engine.prompt_cache import CacheHit, PromptCache
+from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
+from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
 from mlxserve.models.provider import LoadedModel
 
 log = logging.getLogger(__name__)
 
-LONG_PROMPT = 1024  # prompts longer than this log their progress
+LOG_EVERY = 1024  # prompt tokens between two progress lines of a long prompt
 
 
 def can_batch(loaded: LoadedModel) -> bool:
@@ -39,16 +40,30 @@ def can_batch(loaded: LoadedModel) -> bool:
 @dataclass
 class BatchLimits:
     decode: int = 32  # sequences decoding together
-    prefill: int = 8  # prompts processed together
-    prefill_chunk: int = 2048  # prompt tokens per model call
+    prefill_chunk: int = 256  # prompt tokens processed per loop iteration
 
 
 @dataclass
 class _Sequence:
     job: GenerationJob
     output: SequenceOutput
-    prompt_tokens: int
-    started: float
+
+
+@dataclass(eq=False)
+class _Admitted:
+    """Jobs with one prompt, waiting for their turn; `hit.rest` shrinks as chunks of the
+    prompt are processed into `hit.cache`."""
+
+    jobs: list[GenerationJob]
+    hit: CacheHit
+    arrived: float
+
+    def view(self, now: float) -> Waiting:
+        return Waiting(len(self.hit.rest), len(self.jobs), now - self.arrived)
+
+    def processed(self) -> list[int]:
+        prompt = self.jobs[0].prompt
+        return prompt[: len(prompt) - len(self.hit.rest)]
 
 
 class BatchSession:
@@ -61,40 +76,40 @@ class BatchSession:
             loaded.model,
             stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
             completion_batch_size=limits.decode,
-            prefill_batch_size=limits.prefill,
+            prefill_batch_size=limits.decode,  # the scheduler decides what joins together
             prefill_step_size=limits.prefill_chunk,
         )
         self._sequences: dict[int, _Sequence] = {}
+        self._admitted: list[_Admitted] = []
 
     @property
     def spec(self):
         return self._loaded.spec
 
     def __len__(self) -> int:
-        return len(self._sequences)
+        """Jobs running or waiting to run."""
+        return len(self._sequences) + sum(len(a.jobs) for a in self._admitted)
 
     def jobs(self) -> list[GenerationJob]:
-        return [s.job for s in self._sequences.values()]
+        return [s.job for s in self._sequences.values()] + [
+            job for a in self._admitted for job in a.jobs
+        ]
 
     def admit(self, jobs: list[GenerationJob]) -> None:
-        """Add jobs with the same prompt (a request's `n` choices): the prompt is
+        """Queue jobs with the same prompt (a request's `n` choices): the prompt is
         processed once and each job continues from a copy of its cache."""
-        prompt = jobs[0].prompt
-        hit = self._cache.fetch(self.spec.key, [self._loaded.model], prompt)
-        if len(jobs) > 1 and len(hit.rest) > 1:
-            hit = self._prefill_shared(jobs, hit)
-            if hit is None:
-                return
-        for i, job in enumerate(jobs):
-            cache = hit.cache if i == len(jobs) - 1 else copy.deepcopy(hit.cache)
-            self._insert(job, cache, hit)
+        hit = self._cache.fetch(self.spec.key, [self._loaded.model], jobs[0].prompt)
+        self._admitted.append(_Admitted(jobs, hit, time.perf_counter()))
         self._trim_prompt_cache()
 
     def step(self) -> None:
-        """One decode step for every running sequence (plus a chunk of any new prompts)."""
-        prompt_responses, responses = self._generator.next()
-        for r in prompt_responses:
-            self._log_progress(r)
+        """One loop iteration: the scheduler's share of prompt processing, then one decode
+        step for every running sequence."""
+        self._drop_cancelled_admissions()
+        self._schedule()
+        if not self._sequences:
+            return
+        _, responses = self._generator.next()
         finished: list[int] = []
         stopped: list[int] = []
         for r in responses:
@@ -119,7 +134,50 @@ class BatchSession:
 
     def close(self) -> None:
         self._sequences.clear()
+        self._admitted.clear()
         self._generator.close()
+
+    def _schedule(self) -> None:
+        if not self._admitted:
+            return
+        now = time.perf_counter()
+        plan = plan_prefill(
+            [a.view(now) for a in self._admitted],
+            self._limits.prefill_chunk,
+            free_slots=self._limits.decode - len(self._sequences),
+            batch_empty=not self._sequences,
+        )
+        if plan.chunk is not None:
+            index, tokens = plan.chunk
+            self._process_chunk(self._admitted[index], tokens)
+        for admitted in [self._admitted[i] for i in plan.insert]:
+            self._admitted.remove(admitted)
+            jobs, hit = admitted.jobs, admitted.hit
+            for i, job in enumerate(jobs):
+                self._insert(
+                    job, hit.cache if i == len(jobs) - 1 else copy.deepcopy(hit.cache), hit
+                )
+
+    def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
+        """Process the next `tokens` of a prompt too long to join the batch in one go."""
+        hit = admitted.hit
+        self._loaded.model(mx.array(hit.rest[:tokens])[None], cache=hit.cache)
+        mx.eval([c.state for c in hit.cache])
+        hit.rest = hit.rest[tokens:]
+        total = len(admitted.jobs[0].prompt)
+        done = total - len(hit.rest)
+        if done // LOG_EVERY > (done - tokens) // LOG_EVERY:
+            elapsed = time.perf_counter() - admitted.arrived
+            log.info("prompt processing %d/%d tokens (%.1fs)", done, total, elapsed)
+
+    def _drop_cancelled_admissions(self) -> None:
+        """Forget waiting requests whose every job was cancelled; the prompt processed so
+        far is kept in the prompt cache."""
+        for admitted in list(self._admitted):
+            if all(job.cancelled.is_set() for job in admitted.jobs):
+                self._admitted.remove(admitted)
+                if admitted.hit.cached_tokens < len(admitted.processed()):
+                    self._cache.store(self.spec.key, admitted.processed(), admitted.hit.cache)
 
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer
@@ -134,19 +192,7 @@ class BatchSession:
             logits_processors=[build_logits_processors(params)],
         )
         output = SequenceOutput(job, tokenizer, hit.cached_tokens)
-        self._sequences[uid] = _Sequence(job, output, len(rest), time.perf_counter())
-
-    def _prefill_shared(self, jobs: list[GenerationJob], hit: CacheHit) -> CacheHit | None:
-        """Process all but the last prompt token into `hit.cache`; None if every job was
-        cancelled meanwhile."""
-        todo = hit.rest[:-1]
-        step = self._limits.prefill_chunk
-        for start in range(0, len(todo), step):
-            if all(job.cancelled.is_set() for job in jobs):
-                return None
-            self._loaded.model(mx.array(todo[start : start + step])[None], cache=hit.cache)
-            mx.eval([c.state for c in hit.cache])
-        return CacheHit(hit.cache, hit.rest[-1:], hit.cached_tokens)
+        self._sequences[uid] = _Sequence(job, output)
 
     def _remove(self, uids: list[int], keep_cache: bool) -> None:
         if not uids:
@@ -161,16 +207,5 @@ class BatchSession:
         """The prompt cache's byte budget covers the caches of running sequences too."""
         budget = self._cache.max_bytes
         if budget is not None:
-            self._cache.trim_to(budget - self._generator.prompt_cache_nbytes)
-
-    def _log_progress(self, response) -> None:
-        done, total = response.progress
-        sequence = self._sequences.get(response.uid)
-        if sequence is None or total <= LONG_PROMPT:
-            return
-        log.info(
-            "prompt processing %d/%d tokens (%.1fs)",
-            done,
-            total,
-            time.perf_counter() - sequence.started,
-        )
+            waiting = sum(cache_bytes(a.hit.cache) for a in self._admitted)
+            self._cache.trim_to(budget - self._generator.prompt_cache_nbytes - waiting)

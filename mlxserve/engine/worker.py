@@ -12,11 +12,12 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from mlxserve.api.errors import APIError, server_error
+from mlxserve.api.errors import APIError, busy, server_error
 from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.prompt_cache import PromptCache
@@ -27,11 +28,22 @@ from mlxserve.models.provider import LoadedModel, ModelProvider
 log = logging.getLogger(__name__)
 
 
+RETRY_AFTER_SECONDS = 1
+# Gathering a burst: wait up to GAP for the next arrival, GATHER_MAX in all.
+GATHER_GAP_SECONDS = 0.004
+GATHER_MAX_SECONDS = 0.03
+
+
 class GenerationWorker:
-    def __init__(self, provider: ModelProvider, cache: PromptCache, limits: BatchLimits):
+    def __init__(
+        self, provider: ModelProvider, cache: PromptCache, limits: BatchLimits, capacity: int
+    ):
         self._provider = provider
         self._cache = cache
         self._limits = limits
+        self._capacity = capacity  # jobs running or waiting; more are refused
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
         self._intake: queue.Queue = queue.Queue()
         self._pending: deque[list[GenerationJob]] = deque()
         self._session: BatchSession | None = None
@@ -54,8 +66,23 @@ class GenerationWorker:
         return self._thread.is_alive() and self._serving.is_set()
 
     def submit(self, jobs: list[GenerationJob]) -> None:
-        """Queue one request's jobs; jobs with the same prompt share its prefill."""
+        """Queue one request's jobs (jobs with the same prompt share its prefill), or
+        refuse them with a 503 when the server already holds `capacity` jobs. A request
+        that finds the server idle is always taken, however many choices it has.
+        Every accepted submit is paired with a `release` once the request is over."""
+        with self._in_flight_lock:
+            if self._in_flight and self._in_flight + len(jobs) > self._capacity:
+                raise busy(
+                    f"The server is busy: {self._in_flight} sequences are running or waiting "
+                    f"(the limit is {self._capacity}). Retry later.",
+                    RETRY_AFTER_SECONDS,
+                )
+            self._in_flight += len(jobs)
         self._intake.put(jobs)
+
+    def release(self, jobs: list[GenerationJob]) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= len(jobs)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the generation thread and return its result (or raise its error)."""
@@ -90,11 +117,14 @@ class GenerationWorker:
                 self._session.step()
 
     def _take(self, block: bool) -> bool:
-        """Move submitted work to the pending queue (run calls at once); False on stop."""
+        """Move submitted work to the pending queue (run calls at once); False on stop.
+        Woken from idle, it keeps taking while requests keep arriving (a burst of clients
+        is still rendering its prompts), so that the burst starts as one batch."""
         try:
             item = self._intake.get(block=block)
         except queue.Empty:
             return True
+        gather_until = time.monotonic() + GATHER_MAX_SECONDS if block else 0.0
         while True:
             if item is None:
                 self._stopping = True
@@ -103,8 +133,9 @@ class GenerationWorker:
                 item()
             else:
                 self._pending.append(item)
+            wait = min(GATHER_GAP_SECONDS, gather_until - time.monotonic())
             try:
-                item = self._intake.get_nowait()
+                item = self._intake.get(timeout=wait) if wait > 0 else self._intake.get_nowait()
             except queue.Empty:
                 return True
 

@@ -1,0 +1,202 @@
+"""Fair scheduling: prompts are processed a chunk per decode step, so running streams keep
+going while a long prompt arrives; short prompts get their first token before long ones;
+a full server says 503 with Retry-After; chunking changes no output."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import openai
+import pytest
+from conversations import BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS
+from sse import chat_text, open_stream
+from test_batching import ENDS, concurrently, endless_stream, tokens_and_message
+from test_chat import server_model
+from test_http import endless
+
+CHAT = "/v1/chat/completions"
+
+
+def long_request(words: int, **extra) -> dict:
+    """A prompt of about `words` tokens (the fixture tokenizer has a token per word)."""
+    text = " ".join(["the"] * words)
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+class TimedStream:
+    """Reads an SSE response in a thread and keeps when each line arrived. Starting one
+    waits for the response headers: the first event or keepalive comment."""
+
+    def __init__(self, srv, body: dict):
+        self.conn, response = open_stream(srv.url, CHAT, {**body, "stream": True})
+        assert response.status == 200
+        self.lines: list[tuple[float, str]] = []
+        self._response = response
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while line := self._response.readline():
+                if line.strip():
+                    self.lines.append((time.monotonic(), line.decode().strip()))
+        except (OSError, AttributeError):  # close() shut the connection under the reader
+            pass
+
+    def data_times(self) -> list[float]:
+        return [t for t, line in self.lines if line.startswith("data: {")]
+
+    def text(self) -> str:
+        chunks = [json.loads(line[6:]) for _, line in self.lines if line.startswith("data: {")]
+        return chat_text(chunks)
+
+    def first_data(self) -> float:
+        return self.data_times()[0]
+
+    def wait(self, timeout: float = 120) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream did not end"
+
+    def close(self) -> None:
+        """Hang up now (closing alone would wait for the reader's next line)."""
+        self.conn.sock.shutdown(socket.SHUT_RDWR)
+        self.conn.close()
+
+
+def prompt_tokens(srv, body: dict) -> int:
+    status, _, reply = srv.post(CHAT, {**body, "max_tokens": 1})
+    assert status == 200, reply
+    return reply["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("model_fixture", "conversations"),
+    [("tiny_model", CONVERSATIONS), ("harmony_model", HARMONY_CONVERSATIONS)],
+    ids=["qwen3", "gpt-oss"],
+)
+def test_chunked_prefill_gives_the_same_tokens(request, launch, model_fixture, conversations):
+    """Prompts split into 8-token chunks across decode steps, batched beside a running
+    stream, give the tokens of unsplit prompts processed alone; so do seeded samples and a
+    long prompt split into 100 chunks."""
+    model = request.getfixturevalue(model_fixture)
+    whole = launch(model, "--prompt-cache-size", "0", "--prefill-chunk", "4096")
+    chunked = launch(model, "--prompt-cache-size", "0", "--prefill-chunk", "8")
+    seeded = {**BY_NAME["story"].request, "temperature": 1.5, "seed": 5, "max_tokens": 30}
+    jobs = [c.request for c in conversations] + [long_request(800, max_tokens=20), seeded]
+    alone = [tokens_and_message(whole, body, streamed=False) for body in jobs]
+    background = endless_stream(chunked, model, ENDS[model_fixture])
+    try:
+        together = concurrently(
+            lambda i: tokens_and_message(chunked, jobs[i], streamed=i % 2 == 0),
+            list(range(len(jobs))),
+        )
+    finally:
+        background.close()
+    assert together == alone
+
+
+def test_running_streams_keep_decoding_while_a_long_prompt_is_processed(launch, tiny_model):
+    """Each chunk of the new prompt is followed by a decode step of the running stream:
+    it gets a token per chunk instead of pausing for the whole prompt."""
+    srv = launch(tiny_model, "--prefill-chunk", "16", "--prompt-cache-size", "0")
+    body = long_request(800, max_tokens=2)
+    chunks = prompt_tokens(srv, body) // 16
+    assert chunks >= 50
+    running = TimedStream(srv, endless(tiny_model, max_tokens=100_000))
+    try:
+        while len(running.data_times()) < 3:
+            time.sleep(0.01)
+        sent = time.monotonic()
+        arriving = TimedStream(srv, body)
+        arriving.wait()
+        first = arriving.first_data()
+        during = [t for t in running.data_times() if sent < t < first]
+    finally:
+        running.close()
+    assert len(during) >= chunks - 3
+
+
+def test_a_short_prompt_overtakes_a_long_one(launch, tiny_model):
+    """A short request sent while a long prompt is being processed is answered first; the
+    long one's client gets keepalive comments meanwhile."""
+    srv = launch(
+        tiny_model,
+        "--prefill-chunk",
+        "4",
+        "--prompt-cache-size",
+        "0",
+        "--keepalive-seconds",
+        "0.2",
+    )
+    clock = TimedStream(srv, endless(tiny_model, max_tokens=100_000))
+    try:
+        long = TimedStream(srv, long_request(3000, max_tokens=2))
+        ticks = len(clock.data_times())
+        while len(clock.data_times()) < ticks + 5:  # the long prompt is being processed
+            time.sleep(0.01)
+        short = TimedStream(srv, BY_NAME["capital"].request)
+        short.wait()
+        long.wait()
+    finally:
+        clock.close()
+    assert short.data_times()[-1] < long.first_data()
+    assert any(line == ": keepalive" for t, line in long.lines if t < long.first_data())
+    assert short.text() == BY_NAME["capital"].reply
+
+
+def test_an_abandoned_long_prompt_stops_and_keeps_what_was_processed(launch, tiny_model):
+    """A client that leaves while its prompt is split across steps stops the processing;
+    the part processed so far is reused by the next request with that prompt."""
+    srv = launch(tiny_model, "--prefill-chunk", "4", "--keepalive-seconds", "0.2")
+    body = long_request(3000, max_tokens=1)
+    clock = endless_stream(srv, tiny_model, ENDS["tiny_model"])
+    try:
+        abandoned = TimedStream(srv, body)
+        time.sleep(1.0)
+        abandoned.close()
+        time.sleep(0.5)
+    finally:
+        clock.close()
+    status, _, reply = srv.post(CHAT, body)
+    assert status == 200
+    usage = reply["usage"]
+    assert 0 < usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"] - 1000
+    assert any("prompt processing" in line for line in srv.log)
+
+
+def test_a_full_server_answers_503_with_retry_after(launch, tiny_model):
+    """One running and one waiting sequence fill a server with --max-concurrent 1 and
+    --max-queue 1: a third request is refused at once, and served once room is back."""
+    srv = launch(tiny_model, "--max-concurrent", "1", "--max-queue", "1")
+    model = server_model(srv)
+    holders = [TimedStream(srv, endless(tiny_model, max_tokens=100_000))]
+    while not holders[0].data_times():
+        time.sleep(0.01)
+    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=100_000)))
+    time.sleep(0.3)
+    try:
+        status, headers, reply = srv.post(CHAT, BY_NAME["capital"].request)
+        assert status == 503
+        assert headers["Retry-After"] == "1"
+        assert reply == {
+            "error": {
+                "message": "The server is busy: 2 sequences are running or waiting "
+                "(the limit is 2). Retry later.",
+                "type": "server_error",
+                "param": None,
+                "code": "server_busy",
+            }
+        }
+        client = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.chat.completions.create(model=model, messages=BY_NAME["capital"].messages)
+        assert refused.value.status_code == 503
+    finally:
+        for holder in holders:
+            holder.close()
+    patient = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=5)
+    reply = patient.chat.completions.create(model=model, messages=BY_NAME["capital"].messages)
+    assert reply.choices[0].message.content == BY_NAME["capital"].reply
