@@ -291,6 +291,7 @@ def main() -> None:
                 for scenario in scenarios:
                     for name, target in targets.items():
                         rows[name].update(scenario(target, w))
+                        target.settle()
                 for name in SERVERS:
                     results[name].append(rows[name])
         finally:

@@ -79,6 +79,16 @@ class Target:
         times = self._ps.cpu_times()
         return times.user + times.system
 
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until the server is idle (it may still be dropping abandoned streams), so
+        that it does not slow whatever is measured next."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = self.cpu_seconds()
+            time.sleep(0.2)
+            if self.cpu_seconds() - before < 0.01:
+                return
+
     def chat(
         self,
         messages: list[dict],

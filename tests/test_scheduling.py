@@ -11,7 +11,7 @@ import time
 
 import openai
 import pytest
-from conversations import BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS
+from conversations import BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS, LONG_ANSWER
 from sse import chat_text, open_stream
 from test_batching import ENDS, concurrently, endless_stream, tokens_and_message
 from test_chat import server_model
@@ -79,13 +79,17 @@ def prompt_tokens(srv, body: dict) -> int:
 )
 def test_chunked_prefill_gives_the_same_tokens(request, launch, model_fixture, conversations):
     """Prompts split into 8-token chunks across decode steps, batched beside a running
-    stream, give the tokens of unsplit prompts processed alone; so do seeded samples and a
+    stream, continuing from cached prefixes, give the tokens of unsplit prompts processed
+    alone by a server without a prompt cache; so do seeded samples, a stop string and a
     long prompt split into 100 chunks."""
     model = request.getfixturevalue(model_fixture)
     whole = launch(model, "--prompt-cache-size", "0", "--prefill-chunk", "4096")
-    chunked = launch(model, "--prompt-cache-size", "0", "--prefill-chunk", "8")
-    seeded = {**BY_NAME["story"].request, "temperature": 1.5, "seed": 5, "max_tokens": 30}
+    chunked = launch(model, "--prefill-chunk", "8")  # prompt cache on: shared prefixes reused
+    story = BY_NAME["story"].request
+    seeded = {**story, "temperature": 1.5, "seed": 5, "max_tokens": 30}
+    stopped = {**story, "stop": ["blue boat"]}
     jobs = [c.request for c in conversations] + [long_request(800, max_tokens=20), seeded]
+    jobs += [stopped] if model_fixture == "tiny_model" else []
     alone = [tokens_and_message(whole, body, streamed=False) for body in jobs]
     background = endless_stream(chunked, model, ENDS[model_fixture])
     try:
@@ -96,6 +100,8 @@ def test_chunked_prefill_gives_the_same_tokens(request, launch, model_fixture, c
     finally:
         background.close()
     assert together == alone
+    if model_fixture == "tiny_model":
+        assert alone[-1][1]["content"] == LONG_ANSWER.split("blue boat")[0]
 
 
 def test_running_streams_keep_decoding_while_a_long_prompt_is_processed(launch, tiny_model):

@@ -22,7 +22,9 @@ class _Cancelled(Exception):
     """Raised from the prefill progress callback to abandon a cancelled job."""
 
 
-def generate_single(loaded: LoadedModel, cache: PromptCache, job: GenerationJob) -> None:
+def generate_single(
+    loaded: LoadedModel, cache: PromptCache, job: GenerationJob, prefill_chunk: int
+) -> None:
     models = [loaded.model, loaded.draft_model]
     hit = cache.fetch(job.spec.key, models, job.prompt)
     tokenizer = loaded.tokenizer
@@ -40,6 +42,7 @@ def generate_single(loaded: LoadedModel, cache: PromptCache, job: GenerationJob)
             prompt_cache=hit.cache,
             draft_model=loaded.draft_model,
             num_draft_tokens=job.num_draft_tokens,
+            prefill_step_size=prefill_chunk,
             prompt_progress_callback=_progress(job, len(hit.rest)),
         ):
             fed.append(gen.token)

@@ -182,7 +182,7 @@ class GenerationWorker:
 
     def _run_single(self, loaded: LoadedModel, job: GenerationJob) -> None:
         try:
-            generate_single(loaded, self._cache, job)
+            generate_single(loaded, self._cache, job, self._limits.prefill_chunk)
         except Exception as e:
             log.exception("generation failed")
             reseed_random()
