@@ -109,22 +109,26 @@ def shared_system(target: Target, w: Workload) -> dict[str, float]:
     return {"shared system: 2nd / 1st TTFT": other.ttft / one.ttft}
 
 
-def concurrent(n: int) -> Callable[[Target, Workload], dict[str, float]]:
+def concurrent(n: int, distinct: bool = False) -> Callable[[Target, Workload], dict[str, float]]:
+    """`n` clients at once, all sending one prompt (a shared prompt) or each its own."""
+    name = f"{n} concurrent{', distinct prompts' if distinct else ''}"
+
     def run(target: Target, w: Workload) -> dict[str, float]:
+        prompts = [w.user(20) for _ in range(n)] if distinct else [w.user(20)] * n
         start = time.perf_counter()
-        replies = target.chat_together([(w.user(20), w.tokens)] * n, w.logit_bias)
+        replies = target.chat_together([(p, w.tokens) for p in prompts], w.logit_bias)
         wall = max(r.finished for r in replies) - start
         ttfts = sorted(r.ttft for r in replies)
         results = {
-            f"{n} concurrent: total tok/s": sum(r.completion_tokens for r in replies) / wall,
-            f"{n} concurrent: TTFT p50 s": statistics.median(ttfts),
+            f"{name}: total tok/s": sum(r.completion_tokens for r in replies) / wall,
+            f"{name}: TTFT p50 s": statistics.median(ttfts),
         }
         if n > 1:
             p95 = statistics.quantiles(ttfts, n=20, method="inclusive")[18]
-            results[f"{n} concurrent: TTFT p95 s"] = p95
+            results[f"{name}: TTFT p95 s"] = p95
         return results
 
-    run.__name__ = f"concurrent_{n}"
+    run.__name__ = f"concurrent_{n}{'_distinct' if distinct else ''}"
     return run
 
 
@@ -171,6 +175,7 @@ SCENARIOS = [
     concurrent(1),
     concurrent(4),
     concurrent(8),
+    concurrent(8, distinct=True),
     mixed,
 ]
 

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -206,3 +207,40 @@ def test_a_full_server_answers_503_with_retry_after(launch, tiny_model):
     patient = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=5)
     reply = patient.chat.completions.create(model=model, messages=BY_NAME["capital"].messages)
     assert reply.choices[0].message.content == BY_NAME["capital"].reply
+
+
+def test_identical_prompts_arriving_together_are_processed_once(launch, tiny_model):
+    """Clients sending one prompt at once share its processing (one progress line for the
+    prompt, not one per client); each still gets its own sampling and token limit, and
+    one of them leaving does not disturb the others."""
+    whole = launch(tiny_model, "--prompt-cache-size", "0", "--prefill-chunk", "4096")
+    srv = launch(
+        tiny_model,
+        "--prompt-cache-size",
+        "0",
+        "--prefill-chunk",
+        "2",
+        "--keepalive-seconds",
+        "0.1",
+    )
+    prompt = long_request(1100)
+    bodies = [
+        {**prompt, "max_tokens": 3},
+        {**prompt, "max_tokens": 12},
+        {**prompt, "max_tokens": 12, "temperature": 1.5, "seed": 3},
+    ]
+    alone = [tokens_and_message(whole, body, streamed=False) for body in bodies]
+    clock = endless_stream(srv, tiny_model, ENDS["tiny_model"])
+    try:
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            leaving = TimedStream(srv, {**prompt, "max_tokens": 12})  # at its first keepalive
+            replies = [pool.submit(tokens_and_message, srv, body, True) for body in bodies]
+            time.sleep(0.3)
+            assert not leaving.data_times()  # it leaves while the prompt is processed
+            leaving.close()
+            together = [reply.result() for reply in replies]
+    finally:
+        clock.close()
+    assert together == alone
+    assert [len(tokens) for tokens, _ in together] == [3, 12, 12]
+    assert sum("prompt processing 1024/" in line for line in srv.log) == 1

@@ -95,11 +95,16 @@ class BatchSession:
             job for a in self._admitted for job in a.jobs
         ]
 
-    def admit(self, jobs: list[GenerationJob]) -> None:
-        """Queue jobs with the same prompt (a request's `n` choices): the prompt is
-        processed once and each job continues from a copy of its cache."""
-        hit = self._cache.fetch(self.spec.key, [self._loaded.model], jobs[0].prompt)
-        self._admitted.append(_Admitted(jobs, hit, time.perf_counter()))
+    def admit(self, job: GenerationJob) -> None:
+        """Queue a job. Jobs with the same prompt (a request's `n` choices, or a burst of
+        clients sending one prompt) wait together: the prompt is processed once and each
+        job continues from a copy of its cache."""
+        for admitted in self._admitted:
+            if admitted.jobs[0].prompt == job.prompt:
+                admitted.jobs.append(job)
+                return
+        hit = self._cache.fetch(self.spec.key, [self._loaded.model], job.prompt)
+        self._admitted.append(_Admitted([job], hit, time.perf_counter()))
         self._trim_prompt_cache()
 
     def step(self) -> None:
@@ -152,7 +157,8 @@ class BatchSession:
             self._process_chunk(self._admitted[index], tokens)
         for admitted in [self._admitted[i] for i in plan.insert]:
             self._admitted.remove(admitted)
-            jobs, hit = admitted.jobs, admitted.hit
+            jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
+            hit = admitted.hit
             for i, job in enumerate(jobs):
                 self._insert(
                     job, hit.cache if i == len(jobs) - 1 else copy.deepcopy(hit.cache), hit

@@ -21,7 +21,7 @@ class Waiting:
     """What the scheduler needs to know of one waiting prompt."""
 
     remaining: int  # prompt tokens still to process, the last one included
-    sequences: int  # batch slots it takes: a request's `n` choices share one prompt
+    sequences: int  # batch slots it takes: jobs with one prompt share its processing
     waited: float  # seconds since it arrived
 
     @property

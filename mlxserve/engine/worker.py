@@ -8,7 +8,6 @@ flight get a server error and the loop starts again with a fresh batch.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -166,8 +165,8 @@ class GenerationWorker:
             for job in jobs:
                 self._run_single(loaded, job)
             return
-        for _, group in itertools.groupby(jobs, key=lambda job: job.prompt):
-            self._session.admit(list(group))
+        for job in jobs:
+            self._session.admit(job)
 
     def _switch(self, loaded: LoadedModel) -> None:
         if self._session is not None:
