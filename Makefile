@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench clean
+.PHONY: install run test lint format bench bench-structured clean
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,9 @@ format: install
 
 bench: install
 	$(WITH_BLAS) $(PY) bench/bench.py $(ARGS)
+
+bench-structured: install
+	$(WITH_BLAS) $(PY) bench/structured.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

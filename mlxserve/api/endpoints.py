@@ -16,13 +16,15 @@ from mlxserve.api.requests import (
 )
 from mlxserve.api.responses import ChatFormat, CompletionFormat, ResponseFormat
 from mlxserve.api.sse import SSEWriter
+from mlxserve.api.structured import chat_grammar, completion_grammar
 from mlxserve.chat.templates import encode_prompts, render_chat
 from mlxserve.chat.tool_prompt import injects_tools
 from mlxserve.config import SamplingDefaults, ServerConfig
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
-from mlxserve.models.provider import ModelProvider
-from mlxserve.postprocess.output import chat_output_factory
+from mlxserve.models.provider import ModelProvider, ModelSpec
+from mlxserve.postprocess.output import chat_markup, chat_output_factory
+from mlxserve.structured.matcher import Grammar
 
 
 @dataclass
@@ -55,16 +57,22 @@ class Endpoints:
         prompt = render_chat(
             tokenizer, request, self.config.chat_template_args, self.config.chat_template, injected
         )
-        params = _params(request, self.config.defaults, tokenizer)
-        fmt = ChatFormat(self._model_name(request), TokenTexts(tokenizer))
-        make_output = chat_output_factory(
+        markup = chat_markup(
             tokenizer,
             reasoning_parser=self.config.reasoning_parser,
             tool_parser=self.config.tool_parser,
+            tools_in_request=tools,
+            injected_tools=injected,
+        )
+        grammar = chat_grammar(request, tokenizer, prompt, markup)
+        params = _params(request, self.config.defaults, tokenizer, _usable(grammar, spec))
+        fmt = ChatFormat(self._model_name(request), TokenTexts(tokenizer))
+        make_output = chat_output_factory(
+            tokenizer,
+            markup,
             reasoning_format=self.config.reasoning_format,
             tools_in_request=tools,
             parallel_tool_calls=request.parallel_tool_calls,
-            injected_tools=injected,
         )
         return self._run(request, spec, fmt, [prompt], params, handler, make_output)
 
@@ -72,7 +80,8 @@ class Endpoints:
         request = validate(CompletionRequest, parse_json_body(raw))
         spec, tokenizer = self._model(request)
         prompts = encode_prompts(tokenizer, request)
-        params = _params(request, self.config.defaults, tokenizer)
+        grammar = _usable(completion_grammar(request, tokenizer), spec)
+        params = _params(request, self.config.defaults, tokenizer, grammar)
         fmt = CompletionFormat(self._model_name(request), TokenTexts(tokenizer))
         return self._run(request, spec, fmt, prompts, params, handler)
 
@@ -115,8 +124,21 @@ class Endpoints:
         return None
 
 
+def _usable(grammar: Grammar | None, spec: ModelSpec) -> Grammar | None:
+    """Speculative decoding feeds the logits processors draft tokens it may take back,
+    which a grammar's matcher cannot follow."""
+    if grammar is not None and spec.draft_path is not None:
+        raise bad_request(
+            "Constrained decoding is not available on a server started with --draft-model."
+        )
+    return grammar
+
+
 def _params(
-    request: ChatRequest | CompletionRequest, defaults: SamplingDefaults, tokenizer
+    request: ChatRequest | CompletionRequest,
+    defaults: SamplingDefaults,
+    tokenizer,
+    grammar: Grammar | None,
 ) -> GenerationParams:
     logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
     if any(token >= len(tokenizer) for token in logit_bias):
@@ -143,6 +165,7 @@ def _params(
         seed=request.seed,
         stop=tuple(request.stop or ()),
         logprobs=request.logprob_count,
+        grammar=grammar,
     )
 
 

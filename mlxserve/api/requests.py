@@ -98,7 +98,39 @@ class Message(_Strict):
     thinking: str | None = None
 
 
-class GenerationRequest(_Strict):
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class Guided(_Strict):
+    """vLLM's constrained-decoding fields, at the top level or inside `extra_body`."""
+
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+
+    @field_validator("guided_json")
+    @classmethod
+    def _json_schema(cls, value):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"is not valid JSON: {e}") from e
+            if not isinstance(value, dict):
+                raise ValueError("must be a JSON schema object")
+        return value
+
+
+class GenerationRequest(Guided):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
@@ -120,6 +152,8 @@ class GenerationRequest(_Strict):
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    extra_body: Guided | None = None
 
     @field_validator("stop")
     @classmethod
@@ -165,10 +199,21 @@ class ChatRequest(GenerationRequest):
 
     @field_validator("tool_choice")
     @classmethod
-    def _supported_tool_choice(cls, value):
-        if value not in (None, "auto", "none"):
-            raise ValueError("only 'auto' and 'none' are supported for now")
+    def _tool_choice(cls, value):
+        if isinstance(value, dict):
+            function = value.get("function")
+            if value.get("type") != "function" or not isinstance(function, dict):
+                raise ValueError("must be {'type': 'function', 'function': {'name': ...}}")
+            if not isinstance(function.get("name"), str):
+                raise ValueError("function.name must be a string")
+        elif value not in (None, "auto", "none", "required"):
+            raise ValueError("must be 'auto', 'none', 'required' or a named function")
         return value
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The function tool_choice names, if it names one."""
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -17,6 +17,8 @@ from mlx_lm.sample_utils import (
     make_sampler,
 )
 
+from mlxserve.structured.matcher import Grammar
+
 
 @dataclass(frozen=True)
 class GenerationParams:
@@ -36,6 +38,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     # None: no logprobs; 0: the chosen token's only; k: also the k most likely.
     logprobs: int | None = None
+    grammar: Grammar | None = None  # constrained decoding: what the reply must match
 
 
 def build_sampler(params: GenerationParams, special_tokens: list[int], vocab_size: int) -> Callable:
@@ -107,13 +110,18 @@ def _keyed_sampler(s: SamplerSettings, seed: int) -> Callable:
 
 
 def build_logits_processors(params: GenerationParams) -> list[Callable]:
-    return make_logits_processors(
+    """One sequence's processors; the grammar's mask comes last, so that no bias or
+    penalty can bring back a token it forbids."""
+    processors = make_logits_processors(
         logit_bias=params.logit_bias or None,
         repetition_penalty=params.repetition_penalty,
         repetition_context_size=params.repetition_context_size,
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
     )
+    if params.grammar is not None:
+        processors.append(params.grammar.processor())
+    return processors
 
 
 def reseed_random() -> None:

@@ -3,6 +3,8 @@ the tokens come from a batch or from single-stream generation."""
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 
 from mlxserve.engine.jobs import FinishEvent, GenerationJob, TokenEvent
@@ -57,5 +59,8 @@ def _token_event(text: str, token: int, logprobs: mx.array | None, top: int | No
         ids = mx.argpartition(-logprobs, top - 1)[:top]
         values = logprobs[ids]
         order = mx.argsort(-values)
-        top_logprobs = list(zip(ids[order].tolist(), values[order].tolist(), strict=True))
+        pairs = zip(ids[order].tolist(), values[order].tolist(), strict=True)
+        # A token a grammar forbids has logprob -inf: it was never a candidate (and JSON
+        # has no infinity).
+        top_logprobs = [(t, v) for t, v in pairs if v != -math.inf]
     return TokenEvent(text, token, logprobs[token].item(), top_logprobs)

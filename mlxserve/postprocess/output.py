@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from mlxserve.postprocess import reasoning, tools
 from mlxserve.postprocess.events import Content, Event
 from mlxserve.postprocess.harmony import HarmonyParser, is_harmony
-from mlxserve.postprocess.parser import OutputParser
+from mlxserve.postprocess.parser import OutputParser, ThinkTags
 from mlxserve.postprocess.reasoning import ReasoningPresenter
+from mlxserve.postprocess.tools import ToolFormat
 
 HARMONY = "harmony"
 
@@ -41,19 +43,27 @@ class ChatOutput:
         return self._presenter(self._parser.finish()) + self._presenter.finish()
 
 
-def chat_output_factory(
+@dataclass(frozen=True)
+class ChatMarkup:
+    """How a model's replies mark reasoning and tool calls: what the output parser reads
+    and what grammars for constrained decoding must let the model write."""
+
+    harmony: bool
+    think: ThinkTags | None
+    tool_format: ToolFormat | None  # None: no tools in the request, or harmony
+
+
+def chat_markup(
     tokenizer,
     *,
     reasoning_parser: str | None,
     tool_parser: str | None,
-    reasoning_format: str,
     tools_in_request: list[dict] | None,
-    parallel_tool_calls: bool,
     injected_tools: bool = False,
-) -> Callable[[list[int]], ChatOutput]:
-    """Per-choice output pipelines for one request: the formats named by flag, else the
-    ones detected from the tokenizer (```tool_code for tools injected into the prompt).
-    Tool calls are parsed only when the request has tools."""
+) -> ChatMarkup:
+    """The formats named by flag, else the ones detected from the tokenizer (```tool_code
+    for tools injected into the prompt). Tool calls are parsed only when the request has
+    tools."""
     harmony = HARMONY in (reasoning_parser, tool_parser) or (
         reasoning_parser is None and tool_parser is None and is_harmony(tokenizer)
     )
@@ -69,16 +79,28 @@ def chat_output_factory(
             tool_format = tools.by_name("tool_code")
         else:
             tool_format = tools.detect(tokenizer)
+    return ChatMarkup(harmony, think, tool_format)
+
+
+def chat_output_factory(
+    tokenizer,
+    markup: ChatMarkup,
+    *,
+    reasoning_format: str,
+    tools_in_request: list[dict] | None,
+    parallel_tool_calls: bool,
+) -> Callable[[list[int]], ChatOutput]:
+    """Per-choice output pipelines for one request."""
 
     def make(prompt: list[int]) -> ChatOutput:
-        if harmony:
+        if markup.harmony:
             parser = HarmonyParser(bool(tools_in_request), parallel_tool_calls)
         else:
             parser = OutputParser(
-                think,
-                tool_format,
+                markup.think,
+                markup.tool_format,
                 tools_in_request,
-                starts_in_reasoning=reasoning.starts_in_reasoning(tokenizer, prompt, think),
+                starts_in_reasoning=reasoning.starts_in_reasoning(tokenizer, prompt, markup.think),
                 parallel_tool_calls=parallel_tool_calls,
             )
         return ChatOutput(parser, ReasoningPresenter(reasoning_format))

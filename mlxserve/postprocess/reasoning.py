@@ -24,10 +24,17 @@ def detect(tokenizer) -> ThinkTags | None:
 def starts_in_reasoning(tokenizer, prompt: list[int], tags: ThinkTags | None) -> bool:
     """Whether the rendered prompt already opened a think block (Qwen3 thinking, DeepSeek-R1),
     so that generation begins inside the reasoning."""
-    if tags is None:
-        return False
-    tail = tokenizer.decode(prompt[-16:]).rstrip()
-    return tail.endswith(tags.start)
+    return tags is not None and _prompt_tail(tokenizer, prompt).endswith(tags.start)
+
+
+def reasoning_skipped(tokenizer, prompt: list[int], tags: ThinkTags | None) -> bool:
+    """Whether the rendered prompt ends with a closed think block (Qwen3 with thinking
+    turned off writes an empty one), so that the reply is the answer itself."""
+    return tags is not None and _prompt_tail(tokenizer, prompt).endswith(tags.end)
+
+
+def _prompt_tail(tokenizer, prompt: list[int]) -> str:
+    return tokenizer.decode(prompt[-16:]).rstrip()
 
 
 class ReasoningPresenter:

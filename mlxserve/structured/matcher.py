@@ -1,0 +1,116 @@
+"""llguidance for MLX: grammars compiled against a model's tokenizer, and the logits
+processor that masks what a grammar does not allow next.
+
+llguidance computes the mask of allowed tokens on the CPU (tens of microseconds a token);
+the mask is applied with `mx.where`, so the same code runs on Metal, CUDA and CPU
+(llguidance's own MLX helper is a Metal-only kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import llguidance
+import llguidance.hf
+import mlx.core as mx
+import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+
+@functools.lru_cache(maxsize=8)  # per tokenizer: building it walks the whole vocabulary
+def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
+    """llguidance's view of an mlx-lm tokenizer; every end-of-turn token ends a grammar."""
+    return llguidance.hf.from_tokenizer(
+        tokenizer._tokenizer, eos_token=sorted(tokenizer.eos_token_ids)
+    )
+
+
+def markup_lark(tokenizer, text: str) -> str:
+    """A Lark expression for exactly the tokens of `text`: special tokens (which grammar
+    text can never match) by id, the rest as quoted text."""
+    ll = ll_tokenizer(tokenizer)
+    parts: list[str] = []
+    pending: list[int] = []
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        if ll.is_special_token(token):
+            if pending:
+                parts.append(json.dumps(tokenizer.decode(pending)))
+                pending = []
+            parts.append(f"<[{token}]>")
+        else:
+            pending.append(token)
+    if pending:
+        parts.append(json.dumps(tokenizer.decode(pending)))
+    return " ".join(parts)
+
+
+def is_special(tokenizer, text: str) -> bool:
+    """Whether `text` is a single special token."""
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    return len(tokens) == 1 and ll_tokenizer(tokenizer).is_special_token(tokens[0])
+
+
+class GrammarError(ValueError):
+    """The grammar engine refused a grammar; the message says what it cannot do."""
+
+
+class Grammar:
+    """A grammar compiled for one tokenizer; each generated sequence follows its own copy."""
+
+    def __init__(self, tokenizer, lark: str):
+        ll = ll_tokenizer(tokenizer)
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)
+        matcher = llguidance.LLMatcher(ll, grammar) if not failed else None
+        if matcher is None or matcher.is_error():
+            raise GrammarError(_message(messages, matcher))
+        self.lark = lark
+        self._matcher = matcher
+        self._vocab_size = ll.vocab_size
+        self._ends = sorted(tokenizer.eos_token_ids)
+
+    def processor(self) -> GrammarProcessor:
+        return GrammarProcessor(self._matcher.deep_copy(), self._vocab_size, self._ends)
+
+
+class GrammarProcessor:
+    """An mlx-lm logits processor: each call feeds the token generated since the last call
+    to the matcher, then masks every token the grammar does not allow next. Once the
+    grammar is complete only end-of-turn tokens remain."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, ends: list[int]):
+        self._matcher = matcher
+        self._calls = 0
+        self._bitmask = allocate_token_bitmask(1, vocab_size)
+        self._vocab_size = vocab_size
+        self._ends = ends
+        self._allowed: np.ndarray | None = None
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._calls:  # the first call sees the prompt's last token, not a generated one
+            self._matcher.consume_token(tokens[-1].item())
+        self._calls += 1
+        if self._allowed is None:  # the model's vocabulary may be padded past the tokenizer's
+            self._allowed = np.zeros(logits.shape[-1], dtype=np.bool_)
+        known = min(self._vocab_size, logits.shape[-1])
+        if self._matcher.is_error():  # cannot happen with the mask applied: end the reply
+            self._allowed[:] = False
+            self._allowed[self._ends] = True
+        else:
+            fill_next_token_bitmask(self._matcher, self._bitmask)
+            bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+            self._allowed[:known] = bits[:known]
+        return mx.where(mx.array(self._allowed), logits, -mx.inf)
+
+
+def _message(messages: list[str], matcher) -> str:
+    """The engine's complaint on one line, without its position in our own Lark text."""
+    text = matcher.get_error() if matcher is not None and matcher.is_error() else ""
+    text = text or next(iter(messages), "") or "the grammar cannot be compiled"
+    lines = []
+    for line in text.splitlines():
+        if not re.match(r"\s*(\d+ \||\^)", line):  # not a quote of our grammar source
+            lines.append(line.strip())
+    return re.sub(r"^at \d+\(\d+\): ", "", " ".join(filter(None, lines)))

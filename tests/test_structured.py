@@ -1,0 +1,423 @@
+"""Structured output: response_format, vLLM's guided_* fields and a forced tool_choice are
+enforced while decoding. The fixture models answer in fixed prose, so every JSON reply
+below exists only because the grammar made it."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Annotated
+
+import jsonschema
+import openai
+import pytest
+from conversations import BY_NAME, HARMONY_BY_NAME, WEATHER_TOOL
+from test_batching import concurrently, tokens_and_message
+from test_chat import server_model
+
+CHAT = "/v1/chat/completions"
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "city": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 12},
+                    "country": {"type": "string", "maxLength": 12},
+                },
+                "required": ["name", "country"],
+                "additionalProperties": False,
+            },
+            "capital": {"type": "boolean"},
+        },
+        "required": ["city", "capital"],
+        "additionalProperties": False,
+    },
+    "bounded_array": {
+        "type": "object",
+        "properties": {
+            "numbers": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 1, "maximum": 5},
+                "minItems": 2,
+                "maxItems": 4,
+            }
+        },
+        "required": ["numbers"],
+        "additionalProperties": False,
+    },
+    "enum_and_range": {
+        "type": "object",
+        "properties": {
+            "answer": {"enum": ["yes", "no", "maybe"]},
+            "confidence": {"type": "integer", "minimum": 10, "maximum": 90},
+        },
+        "required": ["answer", "confidence"],
+        "additionalProperties": False,
+    },
+    "refs": {
+        "$defs": {"person": PERSON},
+        "type": "object",
+        "properties": {
+            "captain": {"$ref": "#/$defs/person"},
+            "crew": {"type": "array", "items": {"$ref": "#/$defs/person"}, "maxItems": 2},
+        },
+        "required": ["captain", "crew"],
+        "additionalProperties": False,
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the time in a time zone.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "zone": {"enum": ["UTC", "CET", "JST"]},
+                "hour24": {"type": "boolean"},
+            },
+            "required": ["zone", "hour24"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+# The fixture knows no city names in these formats: a bounded one makes the call end.
+SHORT_CITY = {"type": "string", "maxLength": 12}
+BOUNDED_WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        **WEATHER_TOOL["function"],
+        "parameters": {
+            **WEATHER_TOOL["function"]["parameters"],
+            "properties": {"city": SHORT_CITY},
+        },
+    },
+}
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def schema_format(name: str) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name]}}
+
+
+def constrained(conversation: str, schema: str, **extra) -> dict:
+    return {
+        **BY_NAME[conversation].request,
+        "response_format": schema_format(schema),
+        "max_tokens": 200,
+        **extra,
+    }
+
+
+def assert_valid(content: str, schema: dict) -> None:
+    jsonschema.validate(json.loads(content), schema)
+
+
+def test_unconstrained_replies_are_prose(server):
+    """The premise of every other test here."""
+    for name in ("capital", "count", "story"):
+        _, _, reply = server.post(CHAT, {**BY_NAME[name].request, "max_tokens": 40})
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(reply["choices"][0]["message"]["content"])
+
+
+@pytest.mark.parametrize("schema", list(SCHEMAS))
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_json_schema_replies_validate(server, schema, streamed):
+    for conversation in ("capital", "story"):
+        tokens, message = tokens_and_message(server, constrained(conversation, schema), streamed)
+        assert_valid(message["content"], SCHEMAS[schema])
+        assert len(tokens) < 200  # the reply ended: it was not cut off by max_tokens
+
+
+def test_six_constrained_requests_at_once_match_each_alone(launch, tiny_model):
+    """Constrained requests batched together (and beside an unconstrained one, which keeps
+    its own answer) give exactly what each gives alone."""
+    srv = launch(tiny_model, "--prompt-cache-size", "0")
+    bodies = [constrained(c, s) for c in ("capital", "count") for s in list(SCHEMAS)[:3]]
+    bodies.append(BY_NAME["capital"].request)
+    alone = [tokens_and_message(srv, body, streamed=False) for body in bodies]
+    together = concurrently(
+        lambda i: tokens_and_message(srv, bodies[i], streamed=i % 2 == 1), list(range(len(bodies)))
+    )
+    assert together == alone
+    for body, (_, message) in zip(bodies[:-1], together[:-1], strict=True):
+        assert_valid(message["content"], body["response_format"]["json_schema"]["schema"])
+    assert together[-1][1]["content"] == BY_NAME["capital"].reply
+
+
+def test_n_sampled_choices_each_validate(server):
+    body = constrained("story", "refs", n=3, temperature=1.0, seed=4)
+    status, _, reply = server.post(CHAT, body)
+    assert status == 200, reply
+    contents = [choice["message"]["content"] for choice in reply["choices"]]
+    assert len(set(contents)) == 3
+    for content in contents:
+        assert_valid(content, SCHEMAS["refs"])
+
+
+def test_json_object(server):
+    body = {**BY_NAME["think"].request, "response_format": {"type": "json_object"}}
+    status, _, reply = server.post(CHAT, {**body, "max_tokens": 400})
+    assert status == 200, reply
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    assert isinstance(json.loads(reply["choices"][0]["message"]["content"]), dict)
+
+
+def test_guided_choice_and_regex_at_top_level_and_in_extra_body(server):
+    """With thinking turned off in the template, the reply is the constrained answer."""
+    request = {
+        "messages": BY_NAME["capital"].messages,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    options = ["Lyon", "Marseille", "Nice"]
+    for body in ({"guided_choice": options}, {"extra_body": {"guided_choice": options}}):
+        _, _, reply = server.post(CHAT, {**request, **body})
+        assert reply["choices"][0]["message"]["content"] in options
+    pattern = r"[A-Z][a-z]{3,6} is [0-9]{2}\."
+    for body in ({"guided_regex": pattern}, {"extra_body": {"guided_regex": pattern}}):
+        _, _, reply = server.post(CHAT, {**request, **body})
+        assert re.fullmatch(pattern, reply["choices"][0]["message"]["content"])
+
+
+def test_a_model_that_may_think_first_can_still_think(server):
+    """Without a think block in the prompt the grammar lets the model open one; here the
+    fixture, given options it finds unlikely, thinks instead of answering at once."""
+    body = {**BY_NAME["capital"].request, "guided_choice": ["Lyon", "Nice"], "max_tokens": 30}
+    _, _, reply = server.post(CHAT, body)
+    message = reply["choices"][0]["message"]
+    assert message["reasoning_content"] and "<think>" not in message["content"]
+
+
+def test_guided_json_as_a_string(server):
+    schema = SCHEMAS["enum_and_range"]
+    body = {**BY_NAME["capital"].request, "guided_json": json.dumps(schema)}
+    _, _, reply = server.post(CHAT, body)
+    assert_valid(reply["choices"][0]["message"]["content"], schema)
+
+
+def test_logprobs_leave_out_the_tokens_the_grammar_forbids(server):
+    """They have logprob -inf, which JSON cannot carry; the allowed ones stay."""
+    body = {"prompt": "Hi", "guided_choice": ["yes", "no"], "logprobs": 3}
+    _, _, reply = server.post("/v1/completions", body)
+    tops = reply["choices"][0]["logprobs"]["top_logprobs"]
+    assert reply["choices"][0]["text"] in ("yes", "no")
+    assert all(math.isfinite(v) for top in tops for v in top.values())
+    assert set(tops[0]) == {"y", "n"}
+
+
+def test_text_completions_are_constrained_too(server):
+    body = {"prompt": "Once upon a time", "max_tokens": 50}
+    _, _, reply = server.post("/v1/completions", {**body, "guided_choice": ["yes", "no"]})
+    assert reply["choices"][0]["text"] in ("yes", "no")
+    _, _, reply = server.post(
+        "/v1/completions", {**body, "max_tokens": 200, "response_format": schema_format("refs")}
+    )
+    assert_valid(reply["choices"][0]["text"], SCHEMAS["refs"])
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_the_constraint_starts_after_the_reasoning(server, streamed):
+    """The model thinks as it always does; only the answer after </think> is JSON."""
+    _, message = tokens_and_message(server, constrained("think", "enum_and_range"), streamed)
+    assert message["reasoning_content"] == BY_NAME["think"].reasoning
+    assert "<think>" not in message["content"] and "</think>" not in message["content"]
+    assert_valid(message["content"], SCHEMAS["enum_and_range"])
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_harmony_final_channel_is_constrained(harmony, streamed):
+    conversation = HARMONY_BY_NAME["capital"]
+    body = {**conversation.request, "response_format": schema_format("nested"), "max_tokens": 200}
+    _, message = tokens_and_message(harmony, body, streamed)
+    assert message["reasoning_content"] == conversation.reasoning
+    assert_valid(message["content"], SCHEMAS["nested"])
+
+
+def assert_forced_calls(message: dict, allowed: set[str]) -> None:
+    assert message["content"] is None
+    assert message["tool_calls"]
+    for call in message["tool_calls"]:
+        name = call["function"]["name"]
+        assert name in allowed
+        arguments = json.loads(call["function"]["arguments"])
+        jsonschema.validate(arguments, PARAMETERS[name])
+        assert set(arguments) <= set(PARAMETERS[name]["properties"])  # none made up
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_tool_choice_required_and_named_force_a_valid_call(server, streamed):
+    """The question has nothing to do with tools: the model would answer in prose."""
+    base = {**BY_NAME["capital"].request, "tools": TOOLS, "max_tokens": 200}
+    _, message = tokens_and_message(server, {**base, "tool_choice": "required"}, streamed)
+    assert_forced_calls(message, {"get_weather", "get_time"})
+    named = {"type": "function", "function": {"name": "get_time"}}
+    _, message = tokens_and_message(server, {**base, "tool_choice": named}, streamed)
+    assert_forced_calls(message, {"get_time"})
+
+
+@pytest.mark.parametrize("tool_format", ["mistral", "kimi_k2"])
+def test_forced_calls_in_other_json_formats(launch, tiny_model, tool_format):
+    """Served as if the model wrote these formats (--tool-parser): the forced calls are
+    written in them and the post-processor reads them back. (Thinking is off: the fixture,
+    finding these markers unlikely, would otherwise think first until max_tokens.)"""
+    srv = launch(tiny_model, "--tool-parser", tool_format)
+    body = {
+        **BY_NAME["capital"].request,
+        "tools": [BOUNDED_WEATHER_TOOL, TIME_TOOL],
+        "max_tokens": 200,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    for streamed in (False, True):
+        _, message = tokens_and_message(srv, {**body, "tool_choice": "required"}, streamed)
+        assert_forced_calls(message, {"get_weather", "get_time"})
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        _, message = tokens_and_message(srv, {**body, "tool_choice": named}, streamed)
+        assert_forced_calls(message, {"get_weather"})
+
+
+def test_forced_tool_call_finishes_with_tool_calls_in_the_sdk(server):
+    client = openai.OpenAI(base_url=server.base_url, api_key="none")
+    reply = client.chat.completions.create(
+        model=server_model(server),
+        messages=BY_NAME["count"].messages,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS["get_weather"])
+
+
+def test_harmony_forced_tool_call(harmony):
+    conversation = HARMONY_BY_NAME["capital"]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    body = {**conversation.request, "tools": TOOLS, "tool_choice": named, "max_tokens": 200}
+    status, _, reply = harmony.post(CHAT, body)
+    assert status == 200, reply
+    assert reply["choices"][0]["finish_reason"] == "tool_calls"
+    assert_forced_calls(reply["choices"][0]["message"], {"get_time"})
+
+
+def test_sdk_parse_returns_the_pydantic_object(server):
+    """`client.chat.completions.parse` sends a strict schema made from a pydantic model."""
+    from pydantic import BaseModel, Field
+
+    class Answer(BaseModel):
+        verdict: bool
+        score: int = Field(ge=1, le=9)
+        tags: list[Annotated[str, Field(max_length=8)]] = Field(max_length=2)
+
+    client = openai.OpenAI(base_url=server.base_url, api_key="none")
+    reply = client.chat.completions.parse(
+        model=server_model(server),
+        messages=BY_NAME["capital"].messages,
+        response_format=Answer,
+        max_tokens=300,
+    )
+    assert isinstance(reply.choices[0].message.parsed, Answer)
+    choice = client.chat.completions.create(
+        model=server_model(server),
+        messages=BY_NAME["capital"].messages,
+        extra_body={"guided_choice": ["Paris", "Rome"]},
+    ).choices[0]
+    assert choice.message.content in ("Paris", "Rome")
+
+
+UNENFORCEABLE = [
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "strin"}},
+            }
+        },
+        "response_format.json_schema.schema",
+        "Invalid type: strin",
+    ),
+    (
+        {"guided_json": {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}},
+        "guided_json",
+        'Unimplemented keys: ["if", "then"]',
+    ),
+    ({"guided_regex": "(?=a)b"}, "guided_regex", "look-around"),
+    (
+        {"response_format": {"type": "json_object"}, "guided_choice": ["a"]},
+        "guided_choice",
+        "Only one constraint may be given",
+    ),
+    ({"guided_json": "{not json"}, "guided_json", "is not valid JSON"),
+    (
+        {"response_format": {"type": "json_schema"}},
+        "response_format.json_schema",
+        "needs a 'json_schema'",
+    ),
+    ({"tool_choice": "required"}, "tool_choice", "tool_choice requires tools"),
+    (
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}},
+        "tool_choice",
+        "'fly', which is not among the tools",
+    ),
+    (
+        {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+        "tool_choice",
+        "cannot be combined",
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object", "not": {}}},
+                }
+            ],
+            "tool_choice": "required",
+        },
+        "tools",
+        'Unimplemented keys: ["not"]',
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "param", "message"), UNENFORCEABLE)
+def test_what_cannot_be_enforced_is_a_400(server, extra, param, message):
+    status, _, reply = server.post(CHAT, {**BY_NAME["capital"].request, **extra})
+    assert status == 400, reply
+    assert reply["error"]["param"] == param
+    assert reply["error"]["type"] == "invalid_request_error"
+    assert message in reply["error"]["message"]
+
+
+def test_a_format_without_a_forceable_call_is_a_400(gemma):
+    """Tools injected into a template without tool support are called in ```tool_code
+    blocks of Python, which a JSON grammar cannot force."""
+    body = {"messages": BY_NAME["capital"].messages, "tools": TOOLS, "tool_choice": "required"}
+    status, _, reply = gemma.post(CHAT, body)
+    assert status == 400
+    assert reply["error"]["param"] == "tool_choice"
+    assert "(tool_code)" in reply["error"]["message"]
+
+
+def test_a_draft_model_server_refuses_constraints(launch, tiny_model):
+    srv = launch(tiny_model, "--draft-model", str(tiny_model))
+    status, _, reply = srv.post(CHAT, {**BY_NAME["capital"].request, "guided_choice": ["a"]})
+    assert status == 400
+    assert "--draft-model" in reply["error"]["message"]
+    status, _, reply = srv.post(CHAT, BY_NAME["capital"].request)
+    assert reply["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
