@@ -259,6 +259,16 @@ def assert_forced_calls(message: dict, allowed: set[str]) -> None:
         assert set(arguments) <= set(PARAMETERS[name]["properties"])  # none made up
 
 
+def assert_required_and_named_calls(srv, body: dict, name: str) -> None:
+    """tool_choice "required" gives calls to the body's tools; naming one gives it."""
+    for streamed in (False, True):
+        _, message = tokens_and_message(srv, {**body, "tool_choice": "required"}, streamed)
+        assert_forced_calls(message, {t["function"]["name"] for t in body["tools"]})
+        named = {"type": "function", "function": {"name": name}}
+        _, message = tokens_and_message(srv, {**body, "tool_choice": named}, streamed)
+        assert_forced_calls(message, {name})
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
 def test_tool_choice_required_and_named_force_a_valid_call(server, streamed):
     """The question has nothing to do with tools: the model would answer in prose."""
@@ -270,8 +280,8 @@ def test_tool_choice_required_and_named_force_a_valid_call(server, streamed):
     assert_forced_calls(message, {"get_time"})
 
 
-@pytest.mark.parametrize("tool_format", ["mistral", "kimi_k2"])
-def test_forced_calls_in_other_json_formats(launch, tiny_model, tool_format):
+@pytest.mark.parametrize("tool_format", ["mistral", "kimi_k2", "qwen3_coder"])
+def test_forced_calls_in_other_formats(launch, tiny_model, tool_format):
     """Served as if the model wrote these formats (--tool-parser): the forced calls are
     written in them and the post-processor reads them back. (Thinking is off: the fixture,
     finding these markers unlikely, would otherwise think first until max_tokens.)"""
@@ -282,12 +292,7 @@ def test_forced_calls_in_other_json_formats(launch, tiny_model, tool_format):
         "max_tokens": 200,
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    for streamed in (False, True):
-        _, message = tokens_and_message(srv, {**body, "tool_choice": "required"}, streamed)
-        assert_forced_calls(message, {"get_weather", "get_time"})
-        named = {"type": "function", "function": {"name": "get_weather"}}
-        _, message = tokens_and_message(srv, {**body, "tool_choice": named}, streamed)
-        assert_forced_calls(message, {"get_weather"})
+    assert_required_and_named_calls(srv, body, "get_weather")
 
 
 def test_forced_tool_call_finishes_with_tool_calls_in_the_sdk(server):
@@ -404,14 +409,25 @@ def test_what_cannot_be_enforced_is_a_400(server, extra, param, message):
     assert message in reply["error"]["message"]
 
 
-def test_a_format_without_a_forceable_call_is_a_400(gemma):
+def test_injected_tools_are_forced_as_tool_code_calls(gemma):
     """Tools injected into a template without tool support are called in ```tool_code
-    blocks of Python, which a JSON grammar cannot force."""
-    body = {"messages": BY_NAME["capital"].messages, "tools": TOOLS, "tool_choice": "required"}
-    status, _, reply = gemma.post(CHAT, body)
+    blocks of Python; the forced call is written there, its values in JSON."""
+    body = {
+        "messages": BY_NAME["capital"].messages,
+        "tools": [BOUNDED_WEATHER_TOOL, TIME_TOOL],
+        "max_tokens": 200,
+    }
+    assert_required_and_named_calls(gemma, body, "get_time")
+
+
+def test_a_format_without_a_forceable_call_is_a_400(launch, tiny_model):
+    """Pythonic calls have Python values, which a JSON grammar does not write."""
+    srv = launch(tiny_model, "--tool-parser", "pythonic")
+    body = {**BY_NAME["capital"].request, "tools": TOOLS, "tool_choice": "required"}
+    status, _, reply = srv.post(CHAT, body)
     assert status == 400
     assert reply["error"]["param"] == "tool_choice"
-    assert "(tool_code)" in reply["error"]["message"]
+    assert "(pythonic)" in reply["error"]["message"]
 
 
 def test_a_draft_model_server_refuses_constraints(launch, tiny_model):

@@ -103,31 +103,84 @@ def _tool_call_grammar(
             "use tool_choice 'auto'.",
             param="tool_choice",
         )
-    body = writer(
+    body, rules = writer(
         functools.partial(markup_lark, tokenizer), fmt, tools, request.parallel_tool_calls
     )
-    return _after_reasoning(body, tokenizer, prompt, markup)
+    return _after_reasoning(body, tokenizer, prompt, markup, rules)
 
 
-def _hermes_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> str:
+Calls = tuple[str, tuple[str, ...]]  # Lark of the calls, and the rules it uses
+
+
+def _hermes_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> Calls:
     """<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, one block a call."""
     objects = lark.json_schema(lark.any_of([lark.tool_call_object(t) for t in tools]))
     call = f'{markup(fmt.start)} "\\n" {objects} "\\n" {markup(fmt.end)}'
-    return f'{call} ("\\n" {call})*' if parallel else call
+    return (f'{call} ("\\n" {call})*' if parallel else call), ()
 
 
-def _mistral_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> str:
+def _mistral_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> Calls:
     """[TOOL_CALLS]name[ARGS]{...}, repeated for more calls."""
     call = f"{markup(fmt.start)} ({_named_arguments(markup, tools, '{name}[ARGS]')})"
-    return f"({call})+" if parallel else call
+    return (f"({call})+" if parallel else call), ()
 
 
-def _kimi_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> str:
+def _kimi_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> Calls:
     """A section of <|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
     <|tool_call_end|> calls."""
     header = "<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>"
     call = f"({_named_arguments(markup, tools, header)}) {markup('<|tool_call_end|>')}"
-    return f"{markup(fmt.start)} ({call}){'+' if parallel else ''} {markup(fmt.end)}"
+    return f"{markup(fmt.start)} ({call}){'+' if parallel else ''} {markup(fmt.end)}", ()
+
+
+def _tool_code_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> Calls:
+    """A ```tool_code block with a `name(key=value, ...)` line per call; values are
+    written as JSON (its true, false and null are read as Python's)."""
+    calls = []
+    for tool in tools:
+        arguments = [
+            (f"{lark.literal(name + '=')} {lark.json_schema(schema, PYTHON_STRINGS)}", required)
+            for name, schema, required in lark.properties(lark.parameters(tool))
+        ]
+        opening = lark.literal(tool["function"]["name"] + "(")
+        calls.append(f'{opening} {lark.in_order(arguments, lark.literal(", "))} ")"')
+    call = f"({' | '.join(calls)})"
+    lines = f'{call} ("\\n" {call})*' if parallel else call
+    return f'{markup(fmt.start)} "\\n" {lines} "\\n" {markup(fmt.end)}', ()
+
+
+def _xml_calls(markup: Markup, fmt: ToolFormat, tools: list[dict], parallel: bool) -> Calls:
+    """Qwen3-Coder: a <tool_call> block per call holding <function=name>, then a
+    <parameter=key> block per argument, each on lines of their own; values are written as
+    the parser reads them back for their type."""
+    calls, rules = [], []
+    for tool in tools:
+        parameters = []
+        for name, schema, required in lark.properties(lark.parameters(tool)):
+            value, rule = _xml_value(schema, f"text_{len(rules)}")
+            rules += [rule] if rule else []
+            opening = lark.literal(f"<parameter={name}>\n")
+            parameters.append((f'{opening} {value} "\\n"', required))
+        opening = lark.literal(f"<function={tool['function']['name']}>\n")
+        calls.append(f'{opening} {lark.in_order(parameters)} "</function>\\n"')
+    call = f'{markup(fmt.start)} "\\n" ({" | ".join(calls)}) {markup(fmt.end)}'
+    return (f'{call} ("\\n" {call})*' if parallel else call), tuple(rules)
+
+
+def _xml_value(schema: dict, rule_name: str) -> tuple[str, str | None]:
+    """A parameter's value as qwen3_coder's parser reads it back: strings as raw text up to
+    the closing tag (a lazy rule of their own), everything else as its JSON text."""
+    if schema.get("type") != "string" and not _string_enum(schema):
+        return f"{lark.json_schema(schema)} {PARAMETER_END}", None
+    if _string_enum(schema):
+        return f"({lark.choice(schema['enum'])}) {PARAMETER_END}", None
+    most = schema.get("maxLength")
+    text = f"/(?s:.{{{schema.get('minLength', 0)},{most}}})/" if most else lark.ANY_TEXT
+    return rule_name, f"{rule_name}[lazy]: {text} {PARAMETER_END}"
+
+
+def _string_enum(schema: dict) -> bool:
+    return bool(schema.get("enum")) and all(isinstance(v, str) for v in schema["enum"])
 
 
 def _named_arguments(markup: Markup, tools: list[dict], header: str) -> str:
@@ -138,12 +191,17 @@ def _named_arguments(markup: Markup, tools: list[dict], header: str) -> str:
     )
 
 
-# Formats a call can be forced into: those whose arguments are a JSON object.
-CALL_WRITERS: dict[str, Callable[[Markup, ToolFormat, list[dict], bool], str]] = {
+# Formats a call can be forced into.
+CALL_WRITERS: dict[str, Callable[[Markup, ToolFormat, list[dict], bool], Calls]] = {
     "json_tools": _hermes_calls,
     "mistral": _mistral_calls,
     "kimi_k2": _kimi_calls,
+    "tool_code": _tool_code_calls,
+    "qwen3_coder": _xml_calls,
 }
+PARAMETER_END = lark.literal("\n</parameter>")
+# Python reads JSON string literals, all but the escaped slash.
+PYTHON_STRINGS = {**lark.JSON_LAYOUT, "json_allowed_escapes": 'nrbtf\\"u'}
 
 
 def _harmony_tool_call(tokenizer, tools: list[dict]) -> str:
@@ -162,17 +220,19 @@ def _harmony(tokenizer) -> lark.Harmony:
     )
 
 
-def _after_reasoning(body: str, tokenizer, prompt: list[int], markup: ChatMarkup) -> str:
+def _after_reasoning(
+    body: str, tokenizer, prompt: list[int], markup: ChatMarkup, rules: tuple[str, ...] = ()
+) -> str:
     think = markup.think
     if think is None or reasoning_skipped(tokenizer, prompt, think):
-        return lark.grammar(body)
+        return lark.grammar(body, rules=rules)
     thinking = lark.Thinking(
         markup_lark(tokenizer, think.start),
         markup_lark(tokenizer, think.end),
         special=is_special(tokenizer, think.start) and is_special(tokenizer, think.end),
         opened=starts_in_reasoning(tokenizer, prompt, think),
     )
-    return lark.after_thinking(body, thinking)
+    return lark.after_thinking(body, thinking, rules)
 
 
 def _compile(tokenizer, text: str, param: str) -> Grammar:

@@ -18,8 +18,8 @@ AFTER_THOUGHT = r"/[ \n]{0,2}/"  # the blank line models put between reasoning a
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def json_schema(schema: dict) -> str:
-    layout = schema.get("x-guidance") or JSON_LAYOUT  # the schema's own options win
+def json_schema(schema: dict, layout: dict = JSON_LAYOUT) -> str:
+    layout = schema.get("x-guidance") or layout  # the schema's own options win
     return f"%json {json.dumps({**schema, 'x-guidance': layout})}"
 
 
@@ -28,8 +28,13 @@ def regex(pattern: str) -> str:
     return "/" + re.sub(r"(?<!\\)/", r"\/", pattern) + "/"
 
 
+def literal(text: str) -> str:
+    """A Lark string literal for exactly `text`."""
+    return json.dumps(text)
+
+
 def choice(options: list[str]) -> str:
-    return " | ".join(json.dumps(option) for option in options)
+    return " | ".join(literal(option) for option in options)
 
 
 @dataclass(frozen=True)
@@ -48,19 +53,19 @@ def grammar(body: str, lead: str = "", rules: tuple[str, ...] = ()) -> str:
     return "\n".join([start, f"body: {body}", *rules])
 
 
-def after_thinking(body: str, thinking: Thinking) -> str:
-    """The body, after a think block: required when the prompt opened it, else optional."""
+def after_thinking(body: str, thinking: Thinking, rules: tuple[str, ...] = ()) -> str:
+    """The body (with the `rules` it uses), after a think block: required when the prompt
+    opened it, else optional."""
     if thinking.special:
         # Text cannot contain a special token: the thought runs until the end marker.
         rest = f"THOUGHT {thinking.end} {AFTER_THOUGHT}"
-        if thinking.opened:
-            return grammar(body, rest, (f"THOUGHT: {ANY_TEXT}",))
-        return grammar(body, f"({thinking.start} {rest})?", (f"THOUGHT: {ANY_TEXT}",))
+        lead = rest if thinking.opened else f"({thinking.start} {rest})?"
+        return grammar(body, lead, (f"THOUGHT: {ANY_TEXT}", *rules))
     # Markers in plain text: a lazy thought ends at the first end marker.
     start = "" if thinking.opened else f"{thinking.start} "
     rule = f"thought[lazy]: {start}{ANY_TEXT} {thinking.end}"
     lead = f"thought {AFTER_THOUGHT}" if thinking.opened else f"(thought {AFTER_THOUGHT})?"
-    return grammar(body, lead, (rule,))
+    return grammar(body, lead, (rule, *rules))
 
 
 @dataclass(frozen=True)
@@ -104,3 +109,30 @@ def tool_call_object(tool: dict) -> dict:
 
 def any_of(schemas: list[dict]) -> dict:
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def properties(schema: dict) -> list[tuple[str, dict, bool]]:
+    """(name, schema, required) of each property of an object schema, in order; each
+    schema keeps the root's definitions, so that its `$ref`s still resolve."""
+    definitions = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    required = set(schema.get("required", []))
+    return [
+        (name, {**definitions, **sub}, name in required)
+        for name, sub in schema.get("properties", {}).items()
+    ]
+
+
+def in_order(items: list[tuple[str, bool]], separator: str = "") -> str:
+    """Items (Lark, required) in their order: required ones always, optional ones may be
+    left out, `separator` between two that are written. Built from the back: `rest` is
+    what follows a written item, `first` what may open the list."""
+    sep = f"{separator} " if separator else ""
+    rest = first = ""
+    for item, required in reversed(items):
+        tail = f"{item} {rest}".strip()
+        if required:
+            first, rest = tail, f"{sep}{tail}"
+        else:
+            first = f"({tail} | {first})" if first else f"({tail})?"
+            rest = f"({sep}{item})? {rest}".strip()
+    return first

@@ -97,3 +97,19 @@ def test_the_engine_names_what_it_cannot_do(tokenizer):
     with pytest.raises(GrammarError) as error:
         Grammar(tokenizer, lark.grammar(lark.regex("(?=a)b")))
     assert "look-around" in str(error.value) and "body:" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("required", "written", "refused"),
+    [
+        ((True, False, True), ["a, c", "a, b, c"], ["a, b", "b, c", "a, c, b", "a,c"]),
+        ((False, False, False), ["", "a", "b", "c", "a, c", "a, b, c"], ["b, a", ", a"]),
+        ((False, True, False), ["b", "a, b", "b, c"], ["", "a", "c", "a, c"]),
+    ],
+)
+def test_arguments_in_order_leave_out_only_optional_ones(tokenizer, required, written, refused):
+    items = [(lark.literal(name), needed) for name, needed in zip("abc", required, strict=True)]
+    body = lark.in_order(items, lark.literal(", ")) or '""'
+    grammar = Grammar(tokenizer, lark.grammar(f"{body} {lark.literal('.')}"))
+    assert all(accepts(tokenizer, grammar, f"{text}.") for text in written)
+    assert not any(accepts(tokenizer, grammar, f"{text}.") for text in refused)

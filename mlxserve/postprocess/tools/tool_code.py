@@ -11,6 +11,8 @@ import ast
 import json
 import shlex
 
+JSON_NAMES = {"true": True, "false": False, "null": None}
+
 tool_call_start = "```tool_code"
 tool_call_end = "```"
 
@@ -46,9 +48,17 @@ def _python_calls(source: str, params: dict[str, list[str]]) -> list[dict]:
 
 def _value(node: ast.expr):
     try:
-        return ast.literal_eval(node)
+        return ast.literal_eval(_JsonNames().visit(node))
     except ValueError:
         return ast.unparse(node)  # a bare name or expression: keep its text
+
+
+class _JsonNames(ast.NodeTransformer):
+    """Models write JSON's true, false and null in calls too (and forced calls are written
+    in JSON): read them as Python's."""
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return ast.Constant(JSON_NAMES[node.id]) if node.id in JSON_NAMES else node
 
 
 def _shell_call(line: str, params: dict[str, list[str]]) -> dict:
