@@ -66,7 +66,6 @@ class Grammar:
         matcher = llguidance.LLMatcher(ll, grammar) if not failed else None
         if matcher is None or matcher.is_error():
             raise GrammarError(_message(messages, matcher))
-        self.lark = lark
         self._matcher = matcher
         self._vocab_size = ll.vocab_size
         self._ends = sorted(tokenizer.eos_token_ids)
@@ -94,14 +93,14 @@ class GrammarProcessor:
         self._calls += 1
         if self._allowed is None:  # the model's vocabulary may be padded past the tokenizer's
             self._allowed = np.zeros(logits.shape[-1], dtype=np.bool_)
-        known = min(self._vocab_size, logits.shape[-1])
+            self._vocab_size = min(self._vocab_size, logits.shape[-1])
         if self._matcher.is_error():  # cannot happen with the mask applied: end the reply
             self._allowed[:] = False
             self._allowed[self._ends] = True
         else:
             fill_next_token_bitmask(self._matcher, self._bitmask)
             bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
-            self._allowed[:known] = bits[:known]
+            self._allowed[: self._vocab_size] = bits[: self._vocab_size]
         return mx.where(mx.array(self._allowed), logits, -mx.inf)
 
 
