@@ -126,6 +126,32 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         help="limit of MLX's buffer cache (memory kept for reuse after arrays are freed)",
     )
+    p.add_argument(
+        "--image-dir",
+        action="append",
+        default=[],
+        type=Path,
+        help="a folder whose image files requests may name by path (repeatable; "
+        "--model-dir folders are allowed too)",
+    )
+    p.add_argument(
+        "--max-image-bytes",
+        type=positive_int,
+        default=20 * 1024 * 1024,
+        help="largest image a request may send or point to",
+    )
+    p.add_argument(
+        "--max-image-pixels",
+        type=positive_int,
+        default=2048 * 2048,
+        help="larger images are downscaled to this many pixels (aspect kept)",
+    )
+    p.add_argument(
+        "--image-fetch-timeout",
+        type=float,
+        default=10.0,
+        help="seconds allowed for fetching an image URL",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"mlxserve {__version__}")
     return p
@@ -165,6 +191,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
         cache_limit_gb=args.cache_limit_gb,
+        image_dirs=tuple(args.image_dir),
+        max_image_bytes=args.max_image_bytes,
+        max_image_pixels=args.max_image_pixels,
+        image_fetch_timeout=args.image_fetch_timeout,
     )
 
 

@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import conversations
 import fixture_models
 import pytest
+import vision_fixture
 
 from mlxserve.models.demo import cache_root
 
@@ -114,6 +116,21 @@ def harmony_model() -> Path:
     return fixture_models.build(fixture_models.TINY_HARMONY, cache_root() / "fixtures")
 
 
+@pytest.fixture(scope="session")
+def vision_model() -> Path:
+    """The Qwen2-VL-architecture model that names the colour of a square."""
+    return vision_fixture.build(cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def image_dir(tmp_path_factory) -> Path:
+    """A folder of squares (red.png, blue.png, green.png) the vision server may read."""
+    folder = tmp_path_factory.mktemp("images")
+    for colour in conversations.COLOURS:
+        (folder / f"{colour}.png").write_bytes(conversations.square_png(colour))
+    return folder
+
+
 def _serving(model: Path, *args: str) -> Iterator[Server]:
     srv = start_server(model, *args)
     yield srv
@@ -133,6 +150,11 @@ def harmony(harmony_model) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def gemma(gemma_model) -> Iterator[Server]:
     yield from _serving(gemma_model)
+
+
+@pytest.fixture(scope="session")
+def vision(vision_model, image_dir) -> Iterator[Server]:
+    yield from _serving(vision_model, "--image-dir", str(image_dir), "--max-image-bytes", "4096")
 
 
 @pytest.fixture

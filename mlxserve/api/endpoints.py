@@ -17,9 +17,12 @@ from mlxserve.api.requests import (
 from mlxserve.api.responses import ChatFormat, CompletionFormat, ResponseFormat
 from mlxserve.api.sse import SSEWriter
 from mlxserve.api.structured import chat_grammar, completion_grammar
+from mlxserve.chat.images import ImageLimits
 from mlxserve.chat.templates import encode_prompts, render_chat
 from mlxserve.chat.tool_prompt import injects_tools
+from mlxserve.chat.vision import VisionChat, render_vision_chat
 from mlxserve.config import SamplingDefaults, ServerConfig
+from mlxserve.engine.jobs import PromptImages
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, ModelSpec
@@ -54,9 +57,15 @@ class Endpoints:
         spec, tokenizer = self._model(request)
         tools = request.tool_definitions
         injected = injects_tools(tokenizer, self.config.chat_template, tools)
-        prompt = render_chat(
-            tokenizer, request, self.config.chat_template_args, self.config.chat_template, injected
-        )
+        template_args, template = self.config.chat_template_args, self.config.chat_template
+        images = None
+        if spec.vision:
+            vision = VisionChat(
+                tokenizer, self.provider.processor(spec), spec.path, self._image_limits()
+            )
+            prompt, images = render_vision_chat(vision, request, template_args, template, injected)
+        else:
+            prompt = render_chat(tokenizer, request, template_args, template, injected)
         markup = chat_markup(
             tokenizer,
             reasoning_parser=self.config.reasoning_parser,
@@ -74,7 +83,7 @@ class Endpoints:
             tools_in_request=tools,
             parallel_tool_calls=request.parallel_tool_calls,
         )
-        return self._run(request, spec, fmt, [prompt], params, handler, make_output)
+        return self._run(request, spec, fmt, [prompt], params, handler, make_output, images)
 
     def completion(self, raw: bytes, handler) -> dict | None:
         request = validate(CompletionRequest, parse_json_body(raw))
@@ -91,6 +100,15 @@ class Endpoints:
         spec = self.provider.resolve(request.model)
         return spec, self.provider.tokenizer(spec)
 
+    def _image_limits(self) -> ImageLimits:
+        config = self.config
+        return ImageLimits(
+            max_bytes=config.max_image_bytes,
+            max_pixels=config.max_image_pixels,
+            fetch_timeout=config.image_fetch_timeout,
+            allowed_dirs=(*config.image_dirs, *config.model_dirs),
+        )
+
     def _model_name(self, request: GenerationRequest) -> str:
         return request.model or self.provider.alias
 
@@ -103,9 +121,10 @@ class Endpoints:
         params: GenerationParams,
         handler,
         make_output=None,
+        images: PromptImages | None = None,
     ) -> dict | None:
         plans = [
-            ChoicePlan(p * request.n + j, prompt, _sibling_seed(params, j), counts_prompt=j == 0)
+            ChoicePlan(p * request.n + j, prompt, _sibling_seed(params, j), j == 0, images=images)
             for p, prompt in enumerate(prompts)
             for j in range(request.n)
         ]

@@ -12,7 +12,7 @@ from typing import Any
 from mlxserve.api.errors import APIError, unavailable
 from mlxserve.api.responses import Choice, ResponseFormat, TokenLogprob, Usage
 from mlxserve.api.sse import ClientGone, SSEWriter
-from mlxserve.engine.jobs import ErrorEvent, FinishEvent, GenerationJob, TokenEvent
+from mlxserve.engine.jobs import ErrorEvent, FinishEvent, GenerationJob, PromptImages, TokenEvent
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
@@ -28,6 +28,7 @@ class ChoicePlan:
     prompt: list[int]
     params: GenerationParams
     counts_prompt: bool  # the first choice of its prompt: its prompt counts in usage
+    images: PromptImages | None = None  # a vision model's prompt images
 
 
 @dataclass
@@ -146,7 +147,13 @@ class GenerationRun:
         events: queue.Queue = queue.Queue()
         jobs = {
             plan.index: GenerationJob(
-                self._spec, plan.prompt, plan.params, plan.index, self._num_draft_tokens, events
+                self._spec,
+                plan.prompt,
+                plan.params,
+                plan.index,
+                self._num_draft_tokens,
+                images=plan.images,
+                events=events,
             )
             for plan in self._plans
         }

@@ -33,10 +33,23 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class ImageURL(_Strict):
+    url: str
+    detail: str | None = None  # accepted; the model's processor decides the resolution
+
+
 class ContentPart(_Strict):
     type: str
     text: str | None = None
-    image_url: Any = None
+    # Chat Completions: {"url", "detail"}; Responses-style input_image: the URL itself.
+    image_url: ImageURL | str | None = None
+    image: str | None = None  # {"type": "image", "image": URL}, as some clients send
+
+    @property
+    def url(self) -> str:
+        if isinstance(self.image_url, ImageURL):
+            return self.image_url.url
+        return self.image_url or self.image or ""
 
 
 class FunctionCall(_Strict):

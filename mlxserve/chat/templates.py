@@ -29,13 +29,28 @@ def render_chat(
 ) -> list[int]:
     """Render the conversation with the model's template and tokenize it; with
     `inject_tools`, the tools go into the prompt as text (see tool_prompt)."""
+    text = chat_text(tokenizer, request, template_args, chat_template, inject_tools)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_text(
+    tokenizer,
+    request: ChatRequest,
+    template_args: dict,
+    chat_template: str | None,
+    inject_tools: bool = False,
+    takes_images: bool = False,
+) -> str:
+    """The conversation rendered by the chat template. With `takes_images`, a user turn
+    holding images gets its content as parts ({"type": "image"} where each image goes, in
+    the order of `image_urls`), as multimodal templates expect; otherwise images are a 400."""
     if not tokenizer.has_chat_template and chat_template is None:
         raise bad_request(
             "This model has no chat template; use /v1/completions or start the server "
             "with --chat-template.",
             param="messages",
         )
-    messages = [_template_message(m, i) for i, m in enumerate(request.messages)]
+    messages = [_template_message(m, i, takes_images) for i, m in enumerate(request.messages)]
     tools = request.tool_definitions
     if inject_tools:
         messages, tools = tool_prompt.inject_tools(messages, tools), None
@@ -58,7 +73,7 @@ def render_chat(
             raise bad_request(
                 f"The chat template rejected the messages: {e}", param="messages"
             ) from e
-    return tokenizer.encode(text, add_special_tokens=False)
+    return text
 
 
 def _request_template_kwargs(request: ChatRequest, messages: list[dict]) -> dict:
@@ -81,10 +96,11 @@ def _effort_from_system(messages: list[dict]) -> str | None:
     return None
 
 
-def _template_message(message: Message, index: int) -> dict:
-    """The message as chat templates expect it: text content, object arguments."""
+def _template_message(message: Message, index: int, takes_images: bool) -> dict:
+    """The message as chat templates expect it: text content (or parts with images),
+    object arguments."""
     role = "system" if message.role == "developer" else message.role
-    content = _text_content(message, index)
+    content = _content(message, index, takes_images)
     reasoning = message.reasoning_content or message.reasoning or message.thinking
     if role == "assistant" and not reasoning:
         reasoning, content = _split_inline_reasoning(content)
@@ -127,25 +143,51 @@ def _split_inline_reasoning(content: str) -> tuple[str | None, str]:
     return reasoning.strip(), rest.lstrip()
 
 
-def _text_content(message: Message, index: int) -> str:
+def _content(message: Message, index: int, takes_images: bool) -> str | list[dict]:
     if message.content is None:
         return ""
     if isinstance(message.content, str):
         return message.content
-    texts = []
+    parts: list[dict] = []
     for j, part in enumerate(message.content):
         param = f"messages[{index}].content[{j}]"
         if part.type in TEXT_PARTS:
             if part.text is None:
                 raise bad_request("A text content part needs a 'text' string.", param=param)
-            texts.append(part.text)
+            parts.append({"type": "text", "text": part.text})
         elif part.type in IMAGE_PARTS:
-            raise bad_request(
-                "This model does not accept images.", param=param, code="images_not_supported"
-            )
+            _check_image_allowed(message, takes_images, param)
+            parts.append({"type": "image"})
         else:
             raise bad_request(f"Unsupported content part type '{part.type}'.", param=param)
-    return "\n".join(texts)
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "\n".join(p["text"] for p in parts)
+
+
+def _check_image_allowed(message: Message, takes_images: bool, param: str) -> None:
+    if not takes_images:
+        raise bad_request(
+            "This model does not accept images; send them to a vision model.",
+            param=param,
+            code="images_not_supported",
+        )
+    if message.role != "user":
+        raise bad_request(
+            f"Images are accepted in user messages only, not in a {message.role} message.",
+            param=param,
+        )
+
+
+def image_urls(request: ChatRequest) -> list[tuple[str, str]]:
+    """(URL, param) of every image part, in the order the template places them."""
+    found = []
+    for i, message in enumerate(request.messages):
+        if isinstance(message.content, list):
+            for j, part in enumerate(message.content):
+                if part.type in IMAGE_PARTS:
+                    found.append((part.url, f"messages[{i}].content[{j}]"))
+    return found
 
 
 def _arguments(arguments: str | dict):

@@ -56,7 +56,7 @@ def inject_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
     if first_user is None:
         out.insert(0, {"role": "user", "content": preamble})
     else:
-        first_user["content"] = preamble + "\n\n" + first_user["content"]
+        first_user["content"] = joined(preamble, first_user["content"])
     return _merge_same_roles(out)
 
 
@@ -88,11 +88,22 @@ def _merge_same_roles(messages: list[dict]) -> list[dict]:
         if merged and merged[-1]["role"] == message["role"]:
             merged[-1] = {
                 **merged[-1],
-                "content": merged[-1]["content"] + "\n\n" + message["content"],
+                "content": joined(merged[-1]["content"], message["content"]),
             }
         else:
             merged.append(dict(message))
     return merged
+
+
+def joined(first: str | list, second: str | list) -> str | list:
+    """Two message contents as one: text, or a list of parts when either holds images."""
+    if isinstance(first, str) and isinstance(second, str):
+        return first + "\n\n" + second
+    return [*_parts(first), *_parts(second)]
+
+
+def _parts(content: str | list) -> list:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
 def signature(tool: dict) -> str:

@@ -31,8 +31,9 @@ LOG_EVERY = 1024  # prompt tokens between two progress lines of a long prompt
 
 
 def can_batch(loaded: LoadedModel) -> bool:
-    """Batching needs caches that merge into batch caches, and no draft model."""
-    if loaded.draft_model is not None:
+    """Batching (mlx-lm's BatchGenerator) needs a text model whose caches merge into
+    batch caches, and no draft model."""
+    if loaded.draft_model is not None or loaded.spec.vision:
         return False
     return all(hasattr(c, "merge") for c in make_prompt_cache(loaded.model))
 
@@ -103,7 +104,8 @@ class BatchSession:
             if admitted.jobs[0].prompt == job.prompt:
                 admitted.jobs.append(job)
                 return
-        hit = self._cache.fetch(self.spec.key, [self._loaded.model], job.prompt)
+        model = self._loaded.model
+        hit = self._cache.fetch(self.spec.key, lambda: make_prompt_cache(model), job.prompt)
         self._admitted.append(_Admitted([job], hit, time.perf_counter()))
         self._trim_prompt_cache()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxserve.api.errors import APIError
 from mlxserve.engine.sampling import GenerationParams
@@ -38,6 +39,31 @@ class ErrorEvent:
 Event = TokenEvent | FinishEvent | ErrorEvent
 
 
+@dataclass(frozen=True, eq=False)
+class PromptImages:
+    """A vision prompt's images as the model's processor prepared them.
+
+    `cache_tokens` is the prompt with each image's placeholder tokens replaced by an id
+    derived from the bytes of the images so far: the prompt cache then matches a prefix
+    only where the same images stand. `spans` are the placeholders' [start, end) ranges."""
+
+    pixel_values: Any
+    extra: dict[str, Any]  # other processor outputs the model takes (image_grid_thw, ...)
+    attention_mask: Any
+    cache_tokens: list[int]
+    spans: tuple[tuple[int, int], ...]
+
+    def reusable(self, cached: int) -> int:
+        """How much of a cached prefix may be reused: the model embeds images from the
+        whole prompt's pixels, so the prefix must hold every image or none."""
+        if not self.spans or cached >= self.spans[-1][1]:
+            return cached
+        return min(cached, self.spans[0][0])
+
+    def images_after(self, cached: int) -> bool:
+        return bool(self.spans) and cached < self.spans[-1][1]
+
+
 @dataclass(eq=False)
 class GenerationJob:
     """One sequence to generate. The jobs of one request share an event queue; each event
@@ -48,6 +74,7 @@ class GenerationJob:
     params: GenerationParams
     index: int = 0
     num_draft_tokens: int = 3
+    images: PromptImages | None = None
     events: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 

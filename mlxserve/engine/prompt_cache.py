@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from mlxserve.engine.disk_cache import DiskCache
 from mlxserve.engine.token_prefix import common_prefix, usable_prefix
@@ -50,6 +51,8 @@ class PromptCache:
         self._max_entries = max_entries
         self.max_bytes = max_bytes  # None: no byte budget
         self._disk = disk
+        # Off while a vision model is served: the disk format is mlx-lm's cache classes.
+        self.persist = True
         self._entries: OrderedDict[tuple[str, bytes], _Entry] = OrderedDict()
         self._nbytes = 0
 
@@ -60,12 +63,19 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def fetch(self, key: str, models: list[Any], prompt: list[int]) -> CacheHit:
-        """A private copy of the cache to continue from; `models` are the model (and
-        draft) a fresh cache is made for."""
+    def fetch(
+        self,
+        key: str,
+        new_cache: Callable[[], list[Any]],
+        prompt: list[int],
+        reusable: Callable[[int], int] | None = None,
+    ) -> CacheHit:
+        """A private copy of the cache to continue from, else `new_cache()`. `reusable`
+        caps the prefix a prompt may take (a vision prompt's images)."""
         wanted = np.asarray(prompt, dtype=np.int64)
-        ident, usable = self._best_entry(key, wanted)
-        loaded = self._disk.load_longer(key, wanted, usable) if self._disk else None
+        ident, usable = self._best_entry(key, wanted, reusable or (lambda n: n))
+        disk = self._disk if self.persist else None
+        loaded = disk.load_longer(key, wanted, usable) if disk else None
         if loaded is not None:
             tokens, cache, usable = loaded
             self.store(key, tokens.tolist(), copy.deepcopy(cache))
@@ -73,18 +83,22 @@ class PromptCache:
             self._entries.move_to_end(ident)
             tokens, cache = self._entries[ident].tokens, copy.deepcopy(self._entries[ident].cache)
         else:
-            cache = [c for model in models for c in make_prompt_cache(model)]
-            return CacheHit(cache, list(prompt), 0)
+            return CacheHit(new_cache(), list(prompt), 0)
         if len(tokens) > usable:
             trim_prompt_cache(cache, len(tokens) - usable)
         return CacheHit(cache, list(prompt[usable:]), usable)
 
-    def _best_entry(self, key: str, prompt: np.ndarray) -> tuple[tuple[str, bytes] | None, int]:
+    def _best_entry(
+        self, key: str, prompt: np.ndarray, reusable: Callable[[int], int]
+    ) -> tuple[tuple[str, bytes] | None, int]:
         """The memory entry covering most of `prompt`, and how many tokens it covers."""
         best, best_len = None, 0
         for ident, entry in self._entries.items():
             if ident[0] == key:
-                usable = usable_prefix(entry.tokens, prompt, can_trim_prompt_cache(entry.cache))
+                trimmable = can_trim_prompt_cache(entry.cache)
+                usable = reusable(usable_prefix(entry.tokens, prompt, trimmable))
+                if usable < len(entry.tokens) and not trimmable:
+                    usable = 0
                 if usable > best_len:
                     best, best_len = ident, usable
         return best, best_len
@@ -117,7 +131,7 @@ class PromptCache:
 
     def flush(self) -> None:
         """Write every memory entry to the disk tier (at shutdown or a model swap)."""
-        if self._disk is None:
+        if self._disk is None or not self.persist:
             return
         for (key, _), entry in self._entries.items():
             self._disk.save(key, entry.tokens, entry.cache)
@@ -128,7 +142,7 @@ class PromptCache:
             ident, entry = self._entries.popitem(last=False)
             self._nbytes -= entry.nbytes
             excess_entries -= 1
-            if self._disk is not None:
+            if self._disk is not None and self.persist:
                 self._disk.save(ident[0], entry.tokens, entry.cache)
 
     def _drop(self, ident: tuple[str, bytes]) -> None:

@@ -1,60 +1,83 @@
-"""Single-stream generation with mlx-lm's stream_generate, for what batching cannot run:
-speculative decoding with a draft model."""
+"""Single-stream generation, for what batching cannot run: speculative decoding with a
+draft model (mlx-lm's stream_generate) and vision models (see `vision`)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+import mlx.core as mx
 from mlx_lm import stream_generate
+from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.engine.jobs import GenerationJob
-from mlxserve.engine.prompt_cache import PromptCache
+from mlxserve.engine.prompt_cache import CacheHit, PromptCache
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.sequence import SequenceOutput
 from mlxserve.models.provider import LoadedModel
 
 log = logging.getLogger(__name__)
 
+# (token, its logprobs, finish reason or None) for each generated token
+Step = tuple[int, mx.array, str | None]
 
-class _Cancelled(Exception):
-    """Raised from the prefill progress callback to abandon a cancelled job."""
+
+class Cancelled(Exception):
+    """Raised from a prefill progress callback to abandon a cancelled job."""
 
 
 def generate_single(
     loaded: LoadedModel, cache: PromptCache, job: GenerationJob, prefill_chunk: int
 ) -> None:
     models = [loaded.model, loaded.draft_model]
-    hit = cache.fetch(job.spec.key, models, job.prompt)
+    hit = cache.fetch(
+        job.spec.key, lambda: [c for m in models for c in make_prompt_cache(m)], job.prompt
+    )
     tokenizer = loaded.tokenizer
-    output = SequenceOutput(job, tokenizer, hit.cached_tokens)
-    fed = list(job.prompt)
     params = job.params
+    generation = stream_generate(
+        loaded.model,
+        tokenizer,
+        hit.rest,
+        max_tokens=params.max_tokens,
+        sampler=build_sampler(params, tokenizer.all_special_ids, len(tokenizer)),
+        logits_processors=build_logits_processors(params),
+        prompt_cache=hit.cache,
+        draft_model=loaded.draft_model,
+        num_draft_tokens=job.num_draft_tokens,
+        prefill_step_size=prefill_chunk,
+        prompt_progress_callback=_progress(job, len(hit.rest)),
+    )
+    steps = ((gen.token, gen.logprobs, gen.finish_reason) for gen in generation)
+    run_steps(loaded, cache, job, hit, job.prompt, steps)
+
+
+def run_steps(
+    loaded: LoadedModel,
+    cache: PromptCache,
+    job: GenerationJob,
+    hit: CacheHit,
+    cache_tokens: list[int],
+    steps: Iterable[Step],
+) -> None:
+    """Turn generated tokens into the job's events until a finish, a stop string or a
+    cancellation; what the cache then holds is kept under `cache_tokens` + the output."""
+    output = SequenceOutput(job, loaded.tokenizer, hit.cached_tokens)
+    fed = list(cache_tokens)
+    finish_reason = None
     try:
-        for gen in stream_generate(
-            loaded.model,
-            tokenizer,
-            hit.rest,
-            max_tokens=params.max_tokens,
-            sampler=build_sampler(params, tokenizer.all_special_ids, len(tokenizer)),
-            logits_processors=build_logits_processors(params),
-            prompt_cache=hit.cache,
-            draft_model=loaded.draft_model,
-            num_draft_tokens=job.num_draft_tokens,
-            prefill_step_size=prefill_chunk,
-            prompt_progress_callback=_progress(job, len(hit.rest)),
-        ):
-            fed.append(gen.token)
-            stopped = output.add(gen.token, gen.logprobs, gen.finish_reason)
-            if stopped or gen.finish_reason:
+        for token, logprobs, finish_reason in steps:
+            fed.append(token)
+            stopped = output.add(token, logprobs, finish_reason)
+            if stopped or finish_reason:
                 break
             if job.cancelled.is_set():
                 return
-    except _Cancelled:
+    except Cancelled:
         return
     cache.store(job.spec.key, fed, hit.cache)
-    output.finish(gen.finish_reason or "stop")
+    output.finish(finish_reason or "stop")
 
 
 def _progress(job: GenerationJob, total: int) -> Callable[[int, int], None]:
@@ -63,7 +86,7 @@ def _progress(job: GenerationJob, total: int) -> Callable[[int, int], None]:
 
     def report(processed: int, _total: int) -> None:
         if job.cancelled.is_set():
-            raise _Cancelled
+            raise Cancelled
         if total > 1024 and 0 < processed < total:
             log.info(
                 "prompt processing %d/%d tokens (%.1fs)",

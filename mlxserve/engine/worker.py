@@ -22,6 +22,7 @@ from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.single import generate_single
+from mlxserve.engine.vision import generate_vision
 from mlxserve.models.provider import LoadedModel, ModelProvider
 
 log = logging.getLogger(__name__)
@@ -173,15 +174,18 @@ class GenerationWorker:
             self._session.close()
             self._session = None
         self._cache.clear()
+        self._cache.persist = not loaded.spec.vision
         self._current = loaded
         if can_batch(loaded):
             self._session = BatchSession(loaded, self._cache, self._limits)
         else:
-            log.info("Serving %s one request at a time: a draft model cannot batch", loaded.spec)
+            why = "a vision model" if loaded.spec.vision else "a draft model"
+            log.info("Serving %s one request at a time (%s)", loaded.spec.path, why)
 
     def _run_single(self, loaded: LoadedModel, job: GenerationJob) -> None:
+        generate = generate_vision if loaded.spec.vision else generate_single
         try:
-            generate_single(loaded, self._cache, job, self._limits.prefill_chunk)
+            generate(loaded, self._cache, job, self._limits.prefill_chunk)
         except Exception as e:
             log.exception("generation failed")
             reseed_random()

@@ -7,19 +7,21 @@ generation thread, the only one that touches MLX.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlxserve.api.errors import APIError, not_found
 from mlxserve.config import ServerConfig
+from mlxserve.models.capabilities import is_text_model, is_vision_model
 from mlxserve.models.demo import ensure_demo_model, is_demo_name
 from mlxserve.models.tokenizer import load_text_tokenizer
+from mlxserve.models.vision import load_vision_model, load_vision_processor
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,16 @@ class ModelSpec:
     def key(self) -> str:
         return f"{self.path}|{self.adapter_path}|{self.draft_path}"
 
+    @property
+    def vision(self) -> bool:
+        """Takes images: served by mlx-vlm instead of mlx-lm."""
+        return is_vision_model(self.path)
+
 
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    model: Any
+    model: Any  # an mlx-lm model, or an mlx-vlm one when spec.vision
     tokenizer: Any
     draft_model: Any | None
 
@@ -88,6 +95,7 @@ class ModelProvider:
         self.default = ModelSpec(default_path, config.adapter_path, draft)
         self._model_dirs = [d.expanduser().resolve() for d in config.model_dirs]
         self._tokenizers: dict[Path, Any] = {}
+        self._processors: dict[Path, Any] = {}
         self._tokenizer_lock = threading.Lock()
         self._loaded: LoadedModel | None = None
 
@@ -124,25 +132,48 @@ class ModelProvider:
 
     def tokenizer(self, spec: ModelSpec):
         """The tokenizer for `spec`, loaded once and kept for the few most recent models."""
+        trust = self.config.trust_remote_code
+        return self._kept(self._tokenizers, spec, lambda: load_text_tokenizer(spec.path, trust))
+
+    def processor(self, spec: ModelSpec):
+        """A vision model's processor (image preprocessing and prompt expansion)."""
+        trust = self.config.trust_remote_code
+        return self._kept(self._processors, spec, lambda: load_vision_processor(spec.path, trust))
+
+    def _kept(self, kept: dict[Path, Any], spec: ModelSpec, load: Callable[[], Any]):
         with self._tokenizer_lock:
-            if spec.path not in self._tokenizers:
+            if spec.path not in kept:
                 try:
-                    tokenizer = load_text_tokenizer(spec.path, self.config.trust_remote_code)
+                    loaded = load()
                 except Exception as e:
                     raise _load_error(spec, e) from e
-                if len(self._tokenizers) >= _TOKENIZER_SLOTS:
-                    self._tokenizers.pop(next(iter(self._tokenizers)))
-                self._tokenizers[spec.path] = tokenizer
-            return self._tokenizers[spec.path]
+                if len(kept) >= _TOKENIZER_SLOTS:
+                    kept.pop(next(iter(kept)))
+                kept[spec.path] = loaded
+            return kept[spec.path]
 
     def list_models(self) -> list[dict]:
-        ids = [self.alias]
+        """Servable models; `input_modalities` says which take images (as OpenRouter's
+        model list does)."""
+        found = {self.alias: self.default.path}
         for root in self._model_dirs:
-            ids += [str(p.parent.relative_to(root)) for p in sorted(root.glob("*/config.json"))]
-            ids += [str(p.parent.relative_to(root)) for p in sorted(root.glob("*/*/config.json"))]
-        ids += _cached_hub_models()
-        unique = list(dict.fromkeys(ids))
-        return [{"id": i, "object": "model", "created": 0, "owned_by": "mlxserve"} for i in unique]
+            for config in [
+                *sorted(root.glob("*/config.json")),
+                *sorted(root.glob("*/*/config.json")),
+            ]:
+                found.setdefault(str(config.parent.relative_to(root)), config.parent)
+        for repo_id, path in _cached_hub_models():
+            found.setdefault(repo_id, path)
+        return [
+            {
+                "id": model_id,
+                "object": "model",
+                "created": 0,
+                "owned_by": "mlxserve",
+                "input_modalities": ["text", "image"] if is_vision_model(path) else ["text"],
+            }
+            for model_id, path in found.items()
+        ]
 
     # Generation thread ----------------------------------------------------------------
 
@@ -155,32 +186,44 @@ class ModelProvider:
         if self._loaded is not None and self._loaded.spec == spec:
             return self._loaded
         import mlx.core as mx
-        from mlx_lm.utils import load_adapters, load_model
 
-        log.info("Loading model from %s", spec.path)
+        log.info("Loading model from %s (%s)", spec.path, "vision" if spec.vision else "text")
         start = time.perf_counter()
         try:
-            model, _ = load_model(spec.path, trust_remote_code=self.config.trust_remote_code)
-            if spec.adapter_path:
-                model = load_adapters(model, spec.adapter_path)
-                model.eval()
-            draft = load_model(spec.draft_path)[0] if spec.draft_path else None
+            model, draft = self._load_weights(spec)
             tokenizer = self.tokenizer(spec)
         except APIError:
             raise
         except Exception as e:
             raise _load_error(spec, e) from e
+        # The previous model's arrays go now; MLX keeps freed buffers for reuse unless told.
         self._loaded = None
         gc.collect()
         mx.clear_cache()
         self._loaded = LoadedModel(spec, model, tokenizer, draft)
         log.info(
-            "Loaded %s in %.1fs (peak memory %.2f GB)",
+            "Loaded %s in %.1fs (peak memory %.2f GB, active %.2f GB)",
             spec.path,
             time.perf_counter() - start,
             mx.get_peak_memory() / 1e9,
+            mx.get_active_memory() / 1e9,
         )
+        mx.reset_peak_memory()
         return self._loaded
+
+    def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None]:
+        """(model, draft model or None)."""
+        from mlx_lm.utils import load_adapters, load_model
+
+        trust = self.config.trust_remote_code
+        if spec.vision:
+            return load_vision_model(spec.path, spec.adapter_path), None
+        model, _ = load_model(spec.path, trust_remote_code=trust)
+        if spec.adapter_path:
+            model = load_adapters(model, spec.adapter_path)
+            model.eval()
+        draft = load_model(spec.draft_path)[0] if spec.draft_path else None
+        return model, draft
 
 
 def _load_error(spec: ModelSpec, error: Exception) -> APIError:
@@ -193,8 +236,9 @@ def _load_error(spec: ModelSpec, error: Exception) -> APIError:
     )
 
 
-def _cached_hub_models() -> list[str]:
-    """MLX-loadable models in the Hugging Face cache; none if the cache does not exist."""
+def _cached_hub_models() -> list[tuple[str, Path]]:
+    """(repo id, snapshot) of MLX-loadable models in the Hugging Face cache; none if the
+    cache does not exist."""
     from huggingface_hub import scan_cache_dir
 
     try:
@@ -208,18 +252,12 @@ def _cached_hub_models() -> list[str]:
         for revision in repo.revisions:
             names = {f.file_name for f in revision.files}
             has_weights = any(n.endswith(".safetensors") for n in names)
-            config = revision.snapshot_path / "config.json"
-            if "config.json" in names and has_weights and _supported_model_type(config):
-                found.append(repo.repo_id)
+            snapshot = Path(revision.snapshot_path)
+            if "config.json" in names and has_weights and _loadable(snapshot):
+                found.append((repo.repo_id, snapshot))
                 break
     return sorted(found)
 
 
-def _supported_model_type(config_path: Path) -> bool:
-    import importlib.util
-
-    try:
-        model_type = json.loads(config_path.read_text()).get("model_type", "")
-    except (OSError, ValueError):
-        return False
-    return bool(model_type) and importlib.util.find_spec(f"mlx_lm.models.{model_type}") is not None
+def _loadable(path: Path) -> bool:
+    return is_text_model(path) or is_vision_model(path)

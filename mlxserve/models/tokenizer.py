@@ -31,6 +31,8 @@ def load_text_tokenizer(path: Path, trust_remote_code: bool) -> TokenizerWrapper
     config = json.loads((path / "config.json").read_text())
     extra = {"trust_remote_code": True} if trust_remote_code else None
     tokenizer = load_tokenizer(path, extra, eos_token_ids=config.get("eos_token_id"))
+    if not tokenizer.has_chat_template:
+        _processor_chat_template(tokenizer, path)
     if type(tokenizer._detokenizer) is BPEStreamingDetokenizer:
         tokenizer._detokenizer = ExactBPEDetokenizer(tokenizer._tokenizer)
     vocab = tokenizer.get_vocab()
@@ -38,3 +40,12 @@ def load_text_tokenizer(path: Path, trust_remote_code: bool) -> TokenizerWrapper
         if token in vocab:
             tokenizer.add_eos_token(token)
     return tokenizer
+
+
+def _processor_chat_template(tokenizer: TokenizerWrapper, path: Path) -> None:
+    """Vision models often keep the template beside the processor (chat_template.json)
+    rather than in the tokenizer's config."""
+    from mlx_vlm.models.base import load_chat_template
+
+    load_chat_template(tokenizer._tokenizer, path)
+    tokenizer.has_chat_template = tokenizer._tokenizer.chat_template is not None

@@ -1,0 +1,178 @@
+"""Image content parts -> decoded images: data URIs, http(s) URLs and allowed local files.
+
+Runs on HTTP threads (no MLX). Every failure is a 400 that names the content part, so a
+client learns which image was wrong instead of getting an answer that ignored it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from mlxserve.api.errors import APIError, bad_request
+
+MAX_REDIRECTS = 3
+# Decoding is refused beyond this many pixels (a decompression bomb), before downscaling.
+MAX_DECODED_PIXELS = 100_000_000
+ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 1024 * 1024  # larger images are downscaled, aspect kept
+    fetch_timeout: float = 10.0
+    allowed_dirs: tuple[Path, ...] = ()  # local files must lie inside one of these
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    image: Image.Image  # RGB, at most max_pixels
+    digest: bytes  # sha256 of the original bytes: the prompt cache keys on it
+
+
+def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
+    """The image a content part points to, or a 400 naming `param`."""
+    if not isinstance(url, str) or not url:
+        raise bad_request("An image part needs a URL string.", param=param, code="invalid_image")
+    data = _read(url, param, limits)
+    if len(data) > limits.max_bytes:
+        raise _too_large(len(data), limits, param)
+    return LoadedImage(_decode(data, param, limits.max_pixels), hashlib.sha256(data).digest())
+
+
+def _read(url: str, param: str, limits: ImageLimits) -> bytes:
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if url.startswith("data:"):
+        return _data_uri(url, param)
+    if scheme in ("http", "https"):
+        return _fetch(url, param, limits)
+    if scheme == "file":
+        return _local_file(
+            Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)), param, limits
+        )
+    if scheme == "":
+        return _local_file(Path(url), param, limits)
+    raise bad_request(
+        f"Unsupported image URL scheme '{scheme}': use a data: URI, http(s) or a file path.",
+        param=param,
+        code="invalid_image",
+    )
+
+
+def _data_uri(url: str, param: str) -> bytes:
+    header, comma, payload = url.partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise bad_request(
+            "An image data URI must look like data:image/png;base64,<data>.",
+            param=param,
+            code="invalid_image",
+        )
+    try:
+        return base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise bad_request(
+            f"The image data URI is not valid base64: {e}", param=param, code="invalid_image"
+        ) from e
+
+
+class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
+    max_redirections = MAX_REDIRECTS
+
+
+_OPENER = urllib.request.build_opener(_LimitedRedirects)
+
+
+def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
+    request = urllib.request.Request(url, headers={"User-Agent": "mlxserve"})
+    try:
+        with _OPENER.open(request, timeout=limits.fetch_timeout) as response:
+            declared = response.headers.get("Content-Length")
+            if declared and declared.isdigit() and int(declared) > limits.max_bytes:
+                raise _too_large(int(declared), limits, param)
+            data = response.read(limits.max_bytes + 1)
+    except APIError:
+        raise
+    except urllib.error.HTTPError as e:
+        raise _unreachable(url, f"HTTP {e.code}", param) from e
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise _unreachable(url, str(reason), param) from e
+    return data
+
+
+def _local_file(path: Path, param: str, limits: ImageLimits) -> bytes:
+    resolved = path.expanduser().resolve()
+    if not any(resolved.is_relative_to(root.resolve()) for root in limits.allowed_dirs):
+        raise bad_request(
+            "Local image files are only read from the folders given with --image-dir or "
+            "--model-dir; this path is outside them.",
+            param=param,
+            code="image_path_not_allowed",
+        )
+    if not resolved.is_file():
+        raise bad_request(f"No image file at '{path}'.", param=param, code="invalid_image")
+    if resolved.stat().st_size > limits.max_bytes:
+        raise _too_large(resolved.stat().st_size, limits, param)
+    return resolved.read_bytes()
+
+
+def _decode(data: bytes, param: str, max_pixels: int) -> Image.Image:
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            if opened.format not in ACCEPTED_FORMATS:
+                raise bad_request(
+                    f"Unsupported image format {opened.format}; send PNG, JPEG, WebP or GIF.",
+                    param=param,
+                    code="invalid_image",
+                )
+            if opened.width * opened.height > MAX_DECODED_PIXELS:
+                raise bad_request(
+                    f"The image is {opened.width}x{opened.height} pixels, too large to decode.",
+                    param=param,
+                    code="image_too_large",
+                )
+            opened.seek(0)  # an animated GIF: its first frame
+            image = opened.convert("RGB")
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
+        raise bad_request(
+            f"The data is not a readable image: {e}", param=param, code="invalid_image"
+        ) from e
+    return downscale(image, max_pixels)
+
+
+def downscale(image: Image.Image, max_pixels: int) -> Image.Image:
+    """The image shrunk to at most `max_pixels`, aspect ratio kept."""
+    pixels = image.width * image.height
+    if pixels <= max_pixels:
+        return image
+    scale = (max_pixels / pixels) ** 0.5
+    size = (max(1, int(image.width * scale)), max(1, int(image.height * scale)))
+    return image.resize(size, Image.Resampling.BICUBIC)
+
+
+def _too_large(size: int, limits: ImageLimits, param: str) -> APIError:
+    return bad_request(
+        f"The image is larger than the server's limit of {limits.max_bytes} bytes"
+        f" ({size} bytes or more); see --max-image-bytes.",
+        param=param,
+        code="image_too_large",
+    )
+
+
+def _unreachable(url: str, reason: str, param: str) -> APIError:
+    shown = url if len(url) <= 200 else url[:200] + "..."
+    return bad_request(
+        f"The image at {shown} could not be fetched: {reason}.",
+        param=param,
+        code="image_unreachable",
+    )

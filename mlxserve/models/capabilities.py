@@ -1,0 +1,43 @@
+"""What a model folder holds, read from its config.json without loading any weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from functools import lru_cache
+from pathlib import Path
+
+
+def read_config(path: Path) -> dict:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+@lru_cache(maxsize=64)
+def is_vision_model(path: Path) -> bool:
+    """A vision-language model: loaded with mlx-vlm rather than mlx-lm. Its config has a
+    `vision_config`, or names an architecture only mlx-vlm implements."""
+    config = read_config(path)
+    if isinstance(config.get("vision_config"), dict):
+        return True
+    model_type = str(config.get("model_type", "")).lower()
+    return (
+        bool(model_type)
+        and not _has_module("mlx_lm.models", model_type)
+        and _has_module("mlx_vlm.models", model_type)
+    )
+
+
+def is_text_model(path: Path) -> bool:
+    model_type = str(read_config(path).get("model_type", "")).lower()
+    return bool(model_type) and _has_module("mlx_lm.models", model_type)
+
+
+def _has_module(package: str, name: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"{package}.{name}") is not None
+    except (ImportError, ValueError):
+        return False
