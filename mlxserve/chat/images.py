@@ -143,9 +143,13 @@ def _decode(data: bytes, param: str, max_pixels: int) -> Image.Image:
                 )
             opened.seek(0)  # an animated GIF: its first frame
             image = opened.convert("RGB")
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
+    except UnidentifiedImageError as e:
         raise bad_request(
-            f"The data is not a readable image: {e}", param=param, code="invalid_image"
+            "The data is not an image (PNG, JPEG, WebP or GIF).", param=param, code="invalid_image"
+        ) from e
+    except (Image.DecompressionBombError, OSError, SyntaxError, ValueError) as e:
+        raise bad_request(
+            f"The image could not be decoded: {e}", param=param, code="invalid_image"
         ) from e
     return downscale(image, max_pixels)
 
