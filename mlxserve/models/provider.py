@@ -96,7 +96,7 @@ class ModelProvider:
         self._model_dirs = [d.expanduser().resolve() for d in config.model_dirs]
         self._tokenizers: dict[Path, Any] = {}
         self._processors: dict[Path, Any] = {}
-        self._tokenizer_lock = threading.Lock()
+        self._kept_lock = threading.Lock()
         self._loaded: LoadedModel | None = None
 
     # HTTP threads ---------------------------------------------------------------------
@@ -141,7 +141,7 @@ class ModelProvider:
         return self._kept(self._processors, spec, lambda: load_vision_processor(spec.path, trust))
 
     def _kept(self, kept: dict[Path, Any], spec: ModelSpec, load: Callable[[], Any]):
-        with self._tokenizer_lock:
+        with self._kept_lock:
             if spec.path not in kept:
                 try:
                     loaded = load()
