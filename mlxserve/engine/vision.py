@@ -18,7 +18,7 @@ from mlx_vlm.generate import generate_step
 from mlx_vlm.models.cache import make_prompt_cache
 
 from mlxserve.engine.jobs import GenerationJob, PromptImages
-from mlxserve.engine.prompt_cache import PromptCache
+from mlxserve.engine.prompt_cache import CacheHit, PromptCache
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.single import Step, run_steps
 from mlxserve.models.provider import LoadedModel
@@ -32,25 +32,25 @@ def generate_vision(
     images = job.images or _text_only(job.prompt)
     language_model = loaded.model.language_model
     prompt = mx.array(job.prompt)[None]
-    positions = _positions(language_model, prompt, images)
-    hit = cache.fetch(
-        job.spec.key,
-        lambda: make_prompt_cache(language_model),
-        images.cache_tokens,
-        images.reusable if positions is not None else lambda _cached: 0,
-    )
+    _forget_positions(language_model)
+
+    def new_cache() -> list[Any]:
+        return make_prompt_cache(language_model)
+
+    hit = cache.fetch(job.spec.key, new_cache, images.cache_tokens, images.reusable)
+    positions = _positions(language_model, prompt, images) if hit.cached_tokens else {}
+    if positions is None:
+        hit = CacheHit(new_cache(), list(job.prompt), 0)
     cached = hit.cached_tokens
     kwargs = {key: _suffix(value, cached, prompt.shape[1]) for key, value in images.extra.items()}
-    if cached and positions is not None:
-        kwargs.update(positions)
-    mask = images.attention_mask
+    kwargs.update(positions or {})
     tokenizer = loaded.tokenizer
     params = job.params
     generation = generate_step(
         prompt[:, cached:],
         loaded.model,
         images.pixel_values if images.images_after(cached) else None,
-        mask[:, cached:] if mask is not None else None,
+        _suffix(images.attention_mask, cached, prompt.shape[1]),
         max_tokens=params.max_tokens,
         sampler=build_sampler(params, tokenizer.all_special_ids, len(tokenizer)),
         logits_processors=build_logits_processors(params),
@@ -66,13 +66,17 @@ def _text_only(prompt: list[int]) -> PromptImages:
     return PromptImages(None, {}, None, list(prompt), ())
 
 
-def _positions(language_model: Any, prompt: mx.array, images: PromptImages) -> dict | None:
-    """The whole prompt's position ids and RoPE delta for a model that keeps them between
-    calls (Qwen-VL); {} for other models; None if they cannot be computed (then the
-    prompt is processed without the cache). Also clears what the last request left."""
+def _forget_positions(language_model: Any) -> None:
+    """Qwen-VL language models keep the last request's positions; this one has its own."""
     for name in ("_position_ids", "_rope_deltas"):
         if hasattr(language_model, name):
             setattr(language_model, name, None)
+
+
+def _positions(language_model: Any, prompt: mx.array, images: PromptImages) -> dict | None:
+    """For a prompt continuing from the cache: the whole prompt's position ids and RoPE
+    delta where the model computes them from the prompt (Qwen-VL), {} for other models,
+    None if they cannot be computed (then the prompt is processed without the cache)."""
     get_rope_index = getattr(language_model, "get_rope_index", None)
     if not callable(get_rope_index):
         return {}
