@@ -21,6 +21,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def model_alias(text: str) -> tuple[str, str]:
+    name, sep, model = text.partition("=")
+    if not sep or not name.strip() or not model.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=MODEL, not {text!r}")
+    return name.strip(), model.strip()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mlxserve", description="An OpenAI-compatible HTTP server for MLX models."
@@ -29,6 +36,15 @@ def parser() -> argparse.ArgumentParser:
         "--model",
         default="demo",
         help="hub repo id or local folder; 'demo' (default) serves SmolLM2-135M-Instruct",
+    )
+    p.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        type=model_alias,
+        metavar="NAME=MODEL",
+        help="answer requests for NAME with MODEL (repeatable); a NAME ending in '*' matches "
+        "every name it begins, e.g. 'claude-*=demo' for Claude Code",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
@@ -165,6 +181,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         template = Path(template).read_text()
     return ServerConfig(
         model=args.model,
+        model_aliases=tuple(args.model_alias),
         host=args.host,
         port=args.port,
         defaults=SamplingDefaults(args.temp, args.top_p, args.top_k, args.min_p, args.max_tokens),

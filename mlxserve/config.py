@@ -20,6 +20,8 @@ class SamplingDefaults:
 @dataclass(frozen=True)
 class ServerConfig:
     model: str = "demo"
+    # (client name, served model) pairs; a name ending in "*" matches any name it prefixes
+    model_aliases: tuple[tuple[str, str], ...] = ()
     host: str = "127.0.0.1"
     port: int = 8080
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)

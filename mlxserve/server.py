@@ -10,15 +10,16 @@ from http.server import ThreadingHTTPServer
 
 import mlx.core as mx
 
-from mlxserve.api.endpoints import Endpoints
-from mlxserve.api.errors import APIError
 from mlxserve.api.handler import APIHandler
+from mlxserve.api.routes import Routes
 from mlxserve.config import ServerConfig
 from mlxserve.engine.batch import BatchLimits
 from mlxserve.engine.disk_cache import DiskCache
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, resolve_model_path
+from mlxserve.protocol.errors import ServiceError
+from mlxserve.service.chat import ChatService
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,12 @@ class MLXServer(ThreadingHTTPServer):
     # a TCP retransmission (a second or more).
     request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, config: ServerConfig, endpoints: Endpoints):
+    def __init__(self, config: ServerConfig, routes: Routes):
         if ":" in config.host:
             self.address_family = socket.AF_INET6
         super().__init__((config.host, config.port), APIHandler)
         self.config = config
-        self.endpoints = endpoints
+        self.routes = routes
 
     @property
     def url(self) -> str:
@@ -60,10 +61,10 @@ def build_server(config: ServerConfig) -> MLXServer:
     start = time.perf_counter()
     try:
         worker.call(lambda: provider.activate(provider.default))
-    except APIError as e:
+    except ServiceError as e:
         raise SystemExit(f"mlxserve: {e.message}") from e
     log.info("Serving %r from %s (ready in %.1fs)", config.model, path, time.perf_counter() - start)
-    return MLXServer(config, Endpoints(config, provider, worker))
+    return MLXServer(config, Routes(ChatService(config, provider, worker)))
 
 
 def run(config: ServerConfig) -> None:
@@ -77,4 +78,4 @@ def run(config: ServerConfig) -> None:
         pass
     finally:
         server.server_close()
-        server.endpoints.worker.stop()
+        server.routes.service.worker.stop()

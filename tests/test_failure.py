@@ -60,4 +60,4 @@ def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_
     finally:
         server.shutdown()
         server.server_close()
-        server.endpoints.worker.stop()
+        server.routes.service.worker.stop()

@@ -10,17 +10,25 @@ import socket
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
-from mlxserve.api.errors import APIError, bad_request, not_found, server_error
-from mlxserve.api.sse import ClientGone
+from mlxserve.api.errors import ErrorReply
+from mlxserve.api.routes import GET_PATHS, HEALTH_PATHS, MODELS_PATHS, Routes
+from mlxserve.protocol.errors import (
+    ClientGone,
+    ErrorKind,
+    ServiceError,
+    bad_request,
+    internal_error,
+    not_found,
+)
 
 log = logging.getLogger(__name__)
 
-CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-COMPLETION_PATHS = ("/v1/completions", "/completions")
-HEALTH_PATHS = ("/health", "/v1/health")
-MODELS_PATHS = ("/v1/models", "/models")
-POST_PATHS = CHAT_PATHS + COMPLETION_PATHS
-GET_PATHS = HEALTH_PATHS + MODELS_PATHS
+
+# Request headers a browser may send cross-origin: OpenAI's and Anthropic's clients'.
+ALLOWED_HEADERS = (
+    "Authorization, Content-Type, X-API-Key, anthropic-version, anthropic-beta, "
+    "anthropic-dangerous-direct-browser-access"
+)
 
 
 class APIHandler(BaseHTTPRequestHandler):
@@ -33,7 +41,7 @@ class APIHandler(BaseHTTPRequestHandler):
     def do_OPTIONS(self) -> None:
         self.send_response(204)
         self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-        self.send_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-API-Key")
+        self.send_header("Access-Control-Allow-Headers", ALLOWED_HEADERS)
         self.send_header("Access-Control-Max-Age", "86400")
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -46,22 +54,23 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _handle(self, route) -> None:
         self.streaming = False
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        routes: Routes = self.server.routes
         try:
-            path = urlsplit(self.path).path.rstrip("/") or "/"
             if path not in HEALTH_PATHS:
                 self._authorize()
             route(path)
-        except APIError as e:
-            self._send_error(e)
+        except ServiceError as e:
+            self._send_error(routes.errors(path)(e))
         except ClientGone:
             log.info("client closed the connection: %s %s", self.command, self.path)
             self.close_connection = True
         except Exception as e:
             log.exception("unhandled error on %s %s", self.command, self.path)
-            self._send_error(server_error(f"Internal error: {e}"))
+            self._send_error(routes.errors(path)(internal_error(f"Internal error: {e}")))
 
     def _get(self, path: str) -> None:
-        endpoints = self.server.endpoints
+        endpoints = self.server.routes.openai
         if path in HEALTH_PATHS:
             status, body = endpoints.health()
             self._send_json(status, body)
@@ -70,38 +79,38 @@ class APIHandler(BaseHTTPRequestHandler):
         elif path.startswith(("/v1/models/", "/models/")):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
         else:
-            self._unknown(path, POST_PATHS)
+            self._unknown(path, tuple(self.server.routes.post))
 
     def _post(self, path: str) -> None:
-        endpoints = self.server.endpoints
-        if path in CHAT_PATHS:
-            result = endpoints.chat(self._read_body(), self)
-        elif path in COMPLETION_PATHS:
-            result = endpoints.completion(self._read_body(), self)
-        else:
+        endpoint = self.server.routes.post.get(path)
+        if endpoint is None:
             self._unknown(path, GET_PATHS)
             return
+        result = endpoint(self._read_body(), self)
         if result is not None:
             self._send_json(200, result)
 
     def _unknown(self, path: str, other_method_paths: tuple[str, ...]) -> None:
         if path in other_method_paths:
-            raise APIError(
-                405, f"Method {self.command} is not allowed on {path}.", code="method_not_allowed"
+            raise ServiceError(
+                ErrorKind.METHOD_NOT_ALLOWED,
+                f"Method {self.command} is not allowed on {path}.",
+                code="method_not_allowed",
             )
         raise not_found(f"Unknown path: {path}", code="unknown_url")
 
     # Requests ---------------------------------------------------------------------------
 
     def _authorize(self) -> None:
+        """`Authorization: Bearer KEY` (OpenAI's clients) or `X-API-Key: KEY` (Anthropic's)."""
         key = self.server.config.api_key
         if not key:
             return
         auth = self.headers.get("Authorization", "")
         given = auth[7:] if auth[:7].lower() == "bearer " else self.headers.get("X-API-Key", "")
         if not hmac.compare_digest(given.strip().encode(), key.encode()):
-            raise APIError(
-                401, "Invalid or missing API key.", "authentication_error", code="invalid_api_key"
+            raise ServiceError(
+                ErrorKind.AUTHENTICATION, "Invalid or missing API key.", code="invalid_api_key"
             )
 
     def _read_body(self) -> bytes:
@@ -134,10 +143,12 @@ class APIHandler(BaseHTTPRequestHandler):
             body += self.rfile.read(size)
             self.rfile.readline(1024)
 
-    def _too_large(self, limit: int) -> APIError:
+    def _too_large(self, limit: int) -> ServiceError:
         self.close_connection = True  # the rest of the body is never read
-        return APIError(
-            413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large"
+        return ServiceError(
+            ErrorKind.TOO_LARGE,
+            f"The request body exceeds the limit of {limit} bytes.",
+            code="request_too_large",
         )
 
     def client_gone(self) -> bool:
@@ -182,13 +193,13 @@ class APIHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
-    def _send_error(self, error: APIError) -> None:
+    def _send_error(self, reply: ErrorReply) -> None:
         if self.streaming:  # mid-stream: the only honest signal left is to hang up
             self.close_connection = True
             return
-        if error.status >= 500:
-            log.error("%s %s -> %d: %s", self.command, self.path, error.status, error.message)
-        self._send_json(error.status, error.body(), error.headers)
+        if reply.status >= 500:
+            log.error("%s %s -> %d: %s", self.command, self.path, reply.status, reply.error)
+        self._send_json(reply.status, reply.body, reply.headers)
 
     def log_message(self, format: str, *args) -> None:
         log.debug("%s - %s", self.address_string(), format % args)

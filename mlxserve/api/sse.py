@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-
-class ClientGone(Exception):
-    """The client closed its connection."""
+from mlxserve.protocol.errors import ClientGone
 
 
 class SSEWriter:
@@ -32,15 +30,22 @@ class SSEWriter:
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
 
-    def event(self, payload: dict) -> None:
-        self._write(f"data: {json.dumps(payload, ensure_ascii=False)}\n\n")
+    def event(self, payload: dict, name: str | None = None) -> None:
+        """A `data:` line with the payload; with `name`, an `event:` line before it."""
+        data = f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        self._write(f"event: {name}\n{data}" if name else data)
 
     def comment(self, text: str) -> None:
         self._write(f": {text}\n\n")
 
     def done(self) -> None:
-        self.start()
+        """OpenAI's end of stream: `data: [DONE]`, then the end of the body."""
         self._write("data: [DONE]\n\n")
+        self.close()
+
+    def close(self) -> None:
+        """The end of the body."""
+        self.start()
         self._send(b"0\r\n\r\n")
 
     def _write(self, text: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from mlxserve.api.errors import APIError, bad_request
+from mlxserve.protocol.errors import ServiceError, bad_request
 
 MAX_REDIRECTS = 3
 # Decoding is refused beyond this many pixels (a decompression bomb), before downscaling.
@@ -100,7 +100,7 @@ def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
             if declared and declared.isdigit() and int(declared) > limits.max_bytes:
                 raise _too_large(int(declared), limits, param)
             data = response.read(limits.max_bytes + 1)
-    except APIError:
+    except ServiceError:
         raise
     except urllib.error.HTTPError as e:
         raise _unreachable(url, f"HTTP {e.code}", param) from e
@@ -164,7 +164,7 @@ def downscale(image: Image.Image, max_pixels: int) -> Image.Image:
     return image.resize(size, Image.Resampling.BICUBIC)
 
 
-def _too_large(size: int, limits: ImageLimits, param: str) -> APIError:
+def _too_large(size: int, limits: ImageLimits, param: str) -> ServiceError:
     return bad_request(
         f"The image is larger than the server's limit of {limits.max_bytes} bytes"
         f" ({size} bytes or more); see --max-image-bytes.",
@@ -173,7 +173,7 @@ def _too_large(size: int, limits: ImageLimits, param: str) -> APIError:
     )
 
 
-def _unreachable(url: str, reason: str, param: str) -> APIError:
+def _unreachable(url: str, reason: str, param: str) -> ServiceError:
     shown = url if len(url) <= 200 else url[:200] + "..."
     return bad_request(
         f"The image at {shown} could not be fetched: {reason}.",

@@ -7,17 +7,15 @@ import re
 
 from jinja2 import TemplateError
 
-from mlxserve.api.errors import bad_request
-from mlxserve.api.requests import ChatRequest, CompletionRequest, Message
 from mlxserve.chat import tool_prompt
 from mlxserve.postprocess.events import Content, Reasoning
 from mlxserve.postprocess.harmony import HarmonyParser
 from mlxserve.postprocess.reasoning import THINK
+from mlxserve.protocol.errors import bad_request
+from mlxserve.protocol.request import ChatRequest, CompletionRequest, ImagePart, Message, TextPart
 
-TEXT_PARTS = ("text", "input_text")
 # The gpt-oss convention clients such as Open WebUI and Dify use in the system prompt.
 _EFFORT_LINE = re.compile(r"^\s*reasoning:\s*(low|medium|high)\s*$", re.IGNORECASE | re.MULTILINE)
-IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
 def render_chat(
@@ -50,7 +48,7 @@ def chat_text(
             "with --chat-template.",
             param="messages",
         )
-    messages = [_template_message(m, i, takes_images) for i, m in enumerate(request.messages)]
+    messages = [_template_message(m, takes_images) for m in request.messages]
     tools = request.tool_definitions
     if inject_tools:
         messages, tools = tool_prompt.inject_tools(messages, tools), None
@@ -78,15 +76,8 @@ def chat_text(
 
 def _request_template_kwargs(request: ChatRequest, messages: list[dict]) -> dict:
     """What a request tells the template: reasoning effort and thinking switches."""
-    kwargs: dict = {}
     effort = request.reasoning_effort or _effort_from_system(messages)
-    if effort:
-        kwargs["reasoning_effort"] = effort
-    if request.enable_thinking is not None:
-        kwargs["enable_thinking"] = request.enable_thinking
-    if request.thinking is not None:
-        kwargs["thinking"] = request.thinking
-    return {**kwargs, **(request.chat_template_kwargs or {})}
+    return {**({"reasoning_effort": effort} if effort else {}), **request.template_kwargs}
 
 
 def _effort_from_system(messages: list[dict]) -> str | None:
@@ -96,12 +87,12 @@ def _effort_from_system(messages: list[dict]) -> str | None:
     return None
 
 
-def _template_message(message: Message, index: int, takes_images: bool) -> dict:
+def _template_message(message: Message, takes_images: bool) -> dict:
     """The message as chat templates expect it: text content (or parts with images),
     object arguments."""
-    role = "system" if message.role == "developer" else message.role
-    content = _content(message, index, takes_images)
-    reasoning = message.reasoning_content or message.reasoning or message.thinking
+    role = message.role
+    content = _content(message, takes_images)
+    reasoning = message.reasoning
     if role == "assistant" and not reasoning:
         reasoning, content = _split_inline_reasoning(content)
     out: dict = {"role": role, "content": content}
@@ -114,10 +105,7 @@ def _template_message(message: Message, index: int, takes_images: bool) -> dict:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {
-                    "name": call.function.name,
-                    "arguments": _arguments(call.function.arguments),
-                },
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
             }
             for call in message.tool_calls
         ]
@@ -143,23 +131,18 @@ def _split_inline_reasoning(content: str) -> tuple[str | None, str]:
     return reasoning.strip(), rest.lstrip()
 
 
-def _content(message: Message, index: int, takes_images: bool) -> str | list[dict]:
+def _content(message: Message, takes_images: bool) -> str | list[dict]:
     if message.content is None:
         return ""
     if isinstance(message.content, str):
         return message.content
     parts: list[dict] = []
-    for j, part in enumerate(message.content):
-        param = f"messages[{index}].content[{j}]"
-        if part.type in TEXT_PARTS:
-            if part.text is None:
-                raise bad_request("A text content part needs a 'text' string.", param=param)
+    for part in message.content:
+        if isinstance(part, TextPart):
             parts.append({"type": "text", "text": part.text})
-        elif part.type in IMAGE_PARTS:
-            _check_image_allowed(message, takes_images, param)
-            parts.append({"type": "image"})
         else:
-            raise bad_request(f"Unsupported content part type '{part.type}'.", param=param)
+            _check_image_allowed(message, takes_images, part.param)
+            parts.append({"type": "image"})
     if any(p["type"] == "image" for p in parts):
         return parts
     return "\n".join(p["text"] for p in parts)
@@ -179,15 +162,15 @@ def _check_image_allowed(message: Message, takes_images: bool, param: str) -> No
         )
 
 
-def image_urls(request: ChatRequest) -> list[tuple[str, str]]:
-    """(URL, param) of every image part, in the order the template places them."""
-    found = []
-    for i, message in enumerate(request.messages):
-        if isinstance(message.content, list):
-            for j, part in enumerate(message.content):
-                if part.type in IMAGE_PARTS:
-                    found.append((part.url, f"messages[{i}].content[{j}]"))
-    return found
+def image_parts(request: ChatRequest) -> list[ImagePart]:
+    """Every image part, in the order the template places them."""
+    return [
+        part
+        for message in request.messages
+        if isinstance(message.content, tuple)
+        for part in message.content
+        if isinstance(part, ImagePart)
+    ]
 
 
 def _arguments(arguments: str | dict):
@@ -203,17 +186,12 @@ def _arguments(arguments: str | dict):
 
 def encode_prompts(tokenizer, request: CompletionRequest) -> list[list[int]]:
     """Each prompt of a text completion request as token ids."""
-    prompt = request.prompt
-    if isinstance(prompt, str):
-        prompts = [tokenizer.encode(prompt)]
-    elif all(isinstance(p, str) for p in prompt):
-        prompts = [tokenizer.encode(p) for p in prompt]
-    else:
-        prompts = prompt if isinstance(prompt[0], list) else [prompt]
+    prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in request.prompts]
+    param = request.prompt_param
     if any(not tokens for tokens in prompts):
-        raise bad_request("The prompt must not be empty.", param="prompt")
+        raise bad_request("The prompt must not be empty.", param=param)
     vocab_size = len(tokenizer)
     for tokens in prompts:
         if any(not 0 <= t < vocab_size for t in tokens):
-            raise bad_request(f"Token ids must lie in [0, {vocab_size}).", param="prompt")
+            raise bad_request(f"Token ids must lie in [0, {vocab_size}).", param=param)
     return prompts

@@ -13,12 +13,12 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxserve.api.errors import bad_request
-from mlxserve.api.requests import ChatRequest
 from mlxserve.chat.images import ImageLimits, LoadedImage, load_image
-from mlxserve.chat.templates import chat_text, image_urls
+from mlxserve.chat.templates import chat_text, image_parts
 from mlxserve.engine.jobs import PromptImages
 from mlxserve.models.capabilities import read_config
+from mlxserve.protocol.errors import bad_request
+from mlxserve.protocol.request import ChatRequest
 
 _MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
 _PROMPT_FIELDS = ("input_ids", "pixel_values", "attention_mask")
@@ -42,7 +42,7 @@ def render_vision_chat(
     """The prompt tokens (image tokens expanded) and what the model needs of the images."""
     from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
-    images = [load_image(url, param, vision.limits) for url, param in image_urls(request)]
+    images = [load_image(part.url, part.param, vision.limits) for part in image_parts(request)]
     text = chat_text(
         vision.tokenizer, request, template_args, chat_template, inject_tools, takes_images=True
     )

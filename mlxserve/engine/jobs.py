@@ -7,9 +7,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxserve.api.errors import APIError
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.models.provider import ModelSpec
+from mlxserve.protocol.errors import ServiceError
 
 
 @dataclass
@@ -29,11 +29,12 @@ class FinishEvent:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended the sequence, if one did
 
 
 @dataclass
 class ErrorEvent:
-    error: APIError
+    error: ServiceError
 
 
 Event = TokenEvent | FinishEvent | ErrorEvent

@@ -17,6 +17,7 @@ from mlx_lm.sample_utils import (
     make_sampler,
 )
 
+from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.structured.matcher import Grammar
 
 
@@ -39,6 +40,7 @@ class GenerationParams:
     # None: no logprobs; 0: the chosen token's only; k: also the k most likely.
     logprobs: int | None = None
     grammar: Grammar | None = None  # constrained decoding: what the reply must match
+    reasoning_budget: ReasoningBudget | None = None
 
 
 def build_sampler(params: GenerationParams, special_tokens: list[int], vocab_size: int) -> Callable:
@@ -110,8 +112,8 @@ def _keyed_sampler(s: SamplerSettings, seed: int) -> Callable:
 
 
 def build_logits_processors(params: GenerationParams) -> list[Callable]:
-    """One sequence's processors; the grammar's mask comes last, so that no bias or
-    penalty can bring back a token it forbids."""
+    """One sequence's processors; the reasoning budget and the grammar mask come last, so
+    that no bias or penalty can bring back a token they forbid."""
     processors = make_logits_processors(
         logit_bias=params.logit_bias or None,
         repetition_penalty=params.repetition_penalty,
@@ -119,6 +121,8 @@ def build_logits_processors(params: GenerationParams) -> list[Callable]:
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
     )
+    if params.reasoning_budget is not None:
+        processors.append(params.reasoning_budget.processor())
     if params.grammar is not None:
         processors.append(params.grammar.processor())
     return processors

@@ -47,6 +47,7 @@ class SequenceOutput:
                 len(self._job.prompt),
                 self.completion_tokens,
                 self._cached_tokens,
+                self._stops.matched,
             )
         )
 

@@ -8,13 +8,15 @@ from mlxserve.textscan import scan
 class StopMatcher:
     """Feeds text through, holding back only what could still become a stop string.
 
-    `feed` returns the text that is safe to emit and whether a stop string was found;
-    the stop string itself and anything after it are never returned.
+    `feed` returns the text that is safe to emit and whether a stop string was found
+    (`matched` then says which); the stop string itself and anything after it are never
+    returned.
     """
 
     def __init__(self, stops: list[str]):
         self._stops = stops
         self._pending = ""
+        self.matched: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self._stops:
@@ -22,6 +24,7 @@ class StopMatcher:
         ready, stop, self._pending = scan(self._pending + text, self._stops)
         if stop is not None:
             self._pending = ""
+            self.matched = stop
         return ready, stop is not None
 
     def flush(self) -> str:

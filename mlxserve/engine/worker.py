@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from mlxserve.api.errors import APIError, busy, server_error
 from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.prompt_cache import PromptCache
@@ -24,6 +23,7 @@ from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.single import generate_single
 from mlxserve.engine.vision import generate_vision
 from mlxserve.models.provider import LoadedModel, ModelProvider
+from mlxserve.protocol.errors import ServiceError, busy, internal_error
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class GenerationWorker:
             except Exception as e:
                 self._serving.clear()
                 log.exception("The generation loop failed; restarting it")
-                self._fail_in_flight(server_error(f"Generation failed: {e}"))
+                self._fail_in_flight(internal_error(f"Generation failed: {e}"))
                 reseed_random()
         if self._session is not None:
             self._session.close()
@@ -109,8 +109,8 @@ class GenerationWorker:
 
     def _serve(self) -> None:
         while True:
-            busy = self._session is not None and len(self._session) > 0
-            if not self._take(block=not busy and not self._pending):
+            decoding = self._session is not None and len(self._session) > 0
+            if not self._take(block=not decoding and not self._pending):
                 return
             self._admit()
             if self._session is not None and len(self._session) > 0:
@@ -153,7 +153,7 @@ class GenerationWorker:
             self._starting = jobs
             try:
                 self._start(jobs)
-            except APIError as e:
+            except ServiceError as e:
                 for job in jobs:
                     job.emit(ErrorEvent(e))
             self._starting = []
@@ -189,9 +189,9 @@ class GenerationWorker:
         except Exception as e:
             log.exception("generation failed")
             reseed_random()
-            job.emit(ErrorEvent(server_error(f"Generation failed: {e}")))
+            job.emit(ErrorEvent(internal_error(f"Generation failed: {e}")))
 
-    def _fail_in_flight(self, error: APIError) -> None:
+    def _fail_in_flight(self, error: ServiceError) -> None:
         jobs = dict.fromkeys(self._starting)
         if self._session is not None:
             jobs.update(dict.fromkeys(self._session.jobs()))

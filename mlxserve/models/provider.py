@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxserve.api.errors import APIError, not_found
 from mlxserve.config import ServerConfig
 from mlxserve.models.capabilities import is_text_model, is_vision_model
 from mlxserve.models.demo import ensure_demo_model, is_demo_name
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
+from mlxserve.protocol.errors import ServiceError, bad_request, not_found
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ class ModelProvider:
 
     def resolve(self, requested: str | None) -> ModelSpec:
         """The spec for a request's `model`, or a 404 if this server may not serve it."""
+        requested = self.unalias(requested)
         if not requested or requested in (self.alias, "default", str(self.default.path)):
             return self.default
         if is_demo_name(requested) and is_demo_name(self.alias):
@@ -117,6 +118,16 @@ class ModelProvider:
                 code="model_not_found",
             )
         return self.default if path == self.default.path else ModelSpec(path)
+
+    def unalias(self, requested: str | None) -> str | None:
+        """The model an alias stands for: an exact name first, else the longest prefix."""
+        aliases = self.config.model_aliases
+        for name, model in aliases:
+            if name == requested:
+                return model
+        prefixes = [(n[:-1], m) for n, m in aliases if n.endswith("*")]
+        matches = [(len(p), m) for p, m in prefixes if requested and requested.startswith(p)]
+        return max(matches)[1] if matches else requested
 
     def _local_path(self, requested: str) -> Path | None:
         """A folder the request may load: inside the served model's folder or a --model-dir."""
@@ -192,7 +203,7 @@ class ModelProvider:
         try:
             model, draft = self._load_weights(spec)
             tokenizer = self.tokenizer(spec)
-        except APIError:
+        except ServiceError:
             raise
         except Exception as e:
             raise _load_error(spec, e) from e
@@ -226,10 +237,9 @@ class ModelProvider:
         return model, draft
 
 
-def _load_error(spec: ModelSpec, error: Exception) -> APIError:
+def _load_error(spec: ModelSpec, error: Exception) -> ServiceError:
     log.error("Loading %s failed: %s", spec.path, error)
-    return APIError(
-        400,
+    return bad_request(
         f"The model at '{spec.path.name}' could not be loaded: {error}",
         param="model",
         code="model_load_failed",

@@ -28,6 +28,10 @@ from mlxserve.postprocess.parser import CONTENT, REASONING, TOOL, MarkupParser, 
 log = logging.getLogger(__name__)
 
 MESSAGE = "<|message|>"
+# Reasoning opens and closes (on to the final answer) with these.
+ANALYSIS_OPENING = "<|channel|>analysis<|message|>"
+ANALYSIS_CLOSING = "<|end|><|start|>assistant"
+FINAL_OPENING = "<|channel|>final<|message|>"
 BODY_ENDS = ["<|end|>", "<|call|>", "<|return|>", "<|start|>"]
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")

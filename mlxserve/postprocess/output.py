@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 from mlxserve.postprocess import reasoning, tools
 from mlxserve.postprocess.events import Content, Event
-from mlxserve.postprocess.harmony import HarmonyParser, is_harmony
+from mlxserve.postprocess.harmony import (
+    ANALYSIS_CLOSING,
+    ANALYSIS_OPENING,
+    FINAL_OPENING,
+    HarmonyParser,
+    is_harmony,
+)
 from mlxserve.postprocess.parser import OutputParser, ThinkTags
 from mlxserve.postprocess.reasoning import ReasoningPresenter
 from mlxserve.postprocess.tools import ToolFormat
@@ -80,6 +86,16 @@ def chat_markup(
         else:
             tool_format = tools.detect(tokenizer)
     return ChatMarkup(harmony, think, tool_format)
+
+
+def reasoning_markers(markup: ChatMarkup) -> tuple[str, str] | None:
+    """The text that opens reasoning and the text that closes it for the answer to
+    follow; None for a model that does not reason in markup."""
+    if markup.harmony:
+        return ANALYSIS_OPENING, ANALYSIS_CLOSING + FINAL_OPENING
+    if markup.think is not None:
+        return markup.think.start, markup.think.end
+    return None
 
 
 def chat_output_factory(

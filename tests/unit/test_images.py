@@ -8,10 +8,10 @@ import pytest
 from conversations import data_uri, square_png
 from PIL import Image
 
-from mlxserve.api.errors import APIError
 from mlxserve.chat.images import ImageLimits, LoadedImage, downscale, load_image
 from mlxserve.chat.vision import cache_tokens, media_spans
 from mlxserve.engine.jobs import PromptImages
+from mlxserve.protocol.errors import ErrorKind, ServiceError
 
 PARAM = "messages[0].content[0]"
 
@@ -20,9 +20,9 @@ DEFAULT_LIMITS = ImageLimits()
 
 
 def error_code(url: str, limits: ImageLimits = DEFAULT_LIMITS) -> tuple[str, str]:
-    with pytest.raises(APIError) as caught:
+    with pytest.raises(ServiceError) as caught:
         load_image(url, PARAM, limits)
-    assert caught.value.status == 400 and caught.value.param == PARAM
+    assert caught.value.kind is ErrorKind.INVALID_REQUEST and caught.value.param == PARAM
     return caught.value.code, caught.value.message
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mlxserve.api.errors import APIError
-from mlxserve.api.requests import ChatRequest, validate
+from mlxserve.api.openai.requests import ChatRequest, chat_request
+from mlxserve.api.wire import validate
 from mlxserve.chat.templates import render_chat
 from mlxserve.models.tokenizer import load_text_tokenizer
+from mlxserve.protocol.errors import ServiceError
 
 EFFORT_TEMPLATE = (
     "{{ 'effort=' + (reasoning_effort | default('none')) + ';' }}"
@@ -25,7 +26,7 @@ def tokenizer(tiny_model):
 
 def render(tokenizer, template=None, **body) -> str:
     request = validate(ChatRequest, {"messages": [{"role": "user", "content": "Hi"}], **body})
-    return tokenizer.decode(render_chat(tokenizer, request, {}, template))
+    return tokenizer.decode(render_chat(tokenizer, chat_request(request), {}, template))
 
 
 def test_reasoning_effort_reaches_the_template(tokenizer):
@@ -43,7 +44,7 @@ def test_reasoning_effort_reaches_the_template(tokenizer):
 
 
 def test_invalid_reasoning_effort_is_a_400():
-    with pytest.raises(APIError) as error:
+    with pytest.raises(ServiceError) as error:
         validate(
             ChatRequest, {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}
         )

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from mlxserve import __version__
-from mlxserve.api.logprobs import TokenText, TokenTexts
 from mlxserve.postprocess.events import (
     Content,
     Event,
@@ -16,61 +15,29 @@ from mlxserve.postprocess.events import (
     ToolCallArguments,
     ToolCallStart,
 )
+from mlxserve.service.results import Block, Choice, TokenLogprob, Usage
+from mlxserve.service.token_texts import TokenText, TokenTexts
 
 SYSTEM_FINGERPRINT = f"fp_mlxserve_{__version__}"
 
 
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def to_dict(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
-        }
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    token: int
-    logprob: float
-    top: list[tuple[int, float]]
+def tool_call_dict(call: Block) -> dict:
+    function = {"name": call.name, "arguments": call.text}
+    return {"id": call.call_id, "type": "function", "function": function}
 
 
 @dataclass
-class Choice:
-    """One choice as it accumulates, from the same events that stream."""
-
-    index: int
-    text: str = ""
-    reasoning: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
-    finish_reason: str | None = None
-    logprobs: list[TokenLogprob] | None = None
-    text_offset: int = 0  # characters covered by the logprobs already streamed
-    reasoning_tokens: int = 0
-
-    def add(self, event: Event) -> None:
-        if isinstance(event, Content):
-            self.text += event.text
-        elif isinstance(event, Reasoning):
-            self.reasoning += event.text
-        elif isinstance(event, ToolCallStart):
-            function = {"name": event.name, "arguments": ""}
-            self.tool_calls.append({"id": event.id, "type": "function", "function": function})
-        else:
-            self.tool_calls[-1]["function"]["arguments"] += event.text
-
-
-@dataclass
-class ResponseFormat:
+class ReplyFormat:
     """What chat and text completions share: ids, envelopes, usage."""
 
     id_prefix: ClassVar[str]
@@ -95,10 +62,10 @@ class ResponseFormat:
 
     def usage_chunk(self, usage: Usage) -> dict:
         """The chunk after the last choice chunk when `include_usage` is set."""
-        return {**self.envelope(self.chunk_object, []), "usage": usage.to_dict()}
+        return {**self.envelope(self.chunk_object, []), "usage": usage_dict(usage)}
 
 
-class ChatFormat(ResponseFormat):
+class ChatFormat(ReplyFormat):
     id_prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
 
@@ -117,14 +84,12 @@ class ChatFormat(ResponseFormat):
     def response(self, choices: list[Choice], usage: Usage) -> dict:
         out = []
         for choice in choices:
-            message: dict = {
-                "role": "assistant",
-                "content": None if choice.tool_calls and not choice.text else choice.text,
-            }
+            calls, text = choice.tool_calls, choice.text
+            message: dict = {"role": "assistant", "content": None if calls and not text else text}
             if choice.reasoning:
                 message["reasoning_content"] = message["reasoning"] = choice.reasoning
-            if choice.tool_calls:
-                message["tool_calls"] = choice.tool_calls
+            if calls:
+                message["tool_calls"] = [tool_call_dict(call) for call in calls]
             item = {
                 "index": choice.index,
                 "message": message,
@@ -134,7 +99,7 @@ class ChatFormat(ResponseFormat):
             if choice.logprobs is not None:
                 item["logprobs"] = {"content": [self._entry(e) for e in choice.logprobs]}
             out.append(item)
-        return {**self.envelope("chat.completion", out), "usage": usage.to_dict()}
+        return {**self.envelope("chat.completion", out), "usage": usage_dict(usage)}
 
     def _chunk(self, index: int, delta: dict, finish_reason: str | None = None) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -166,7 +131,7 @@ def _delta(event: Event | None) -> dict:
     return {}
 
 
-class CompletionFormat(ResponseFormat):
+class CompletionFormat(ReplyFormat):
     id_prefix = "cmpl"
     chunk_object = "text_completion"
 
@@ -186,7 +151,7 @@ class CompletionFormat(ResponseFormat):
             self._choice(c.index, c.text, self._legacy_logprobs(c, c.logprobs, 0), c.finish_reason)
             for c in choices
         ]
-        return {**self.envelope("text_completion", out), "usage": usage.to_dict()}
+        return {**self.envelope("text_completion", out), "usage": usage_dict(usage)}
 
     @staticmethod
     def _choice(

@@ -1,17 +1,18 @@
-"""What a request constrains (`response_format`, vLLM's `guided_*`, a forced
-`tool_choice`) as a grammar compiled for the model's tokenizer; a 400 for anything the
-grammar engine cannot enforce, never a silently unconstrained reply."""
+"""What a request constrains (its content constraint, or a forced tool call) as a grammar
+compiled for the model's tokenizer; a 400 for anything the grammar engine cannot enforce,
+never a silently unconstrained reply."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 
-from mlxserve.api.errors import bad_request
-from mlxserve.api.requests import ChatRequest, GenerationRequest
+from mlxserve.postprocess.harmony import ANALYSIS_CLOSING, ANALYSIS_OPENING, FINAL_OPENING
 from mlxserve.postprocess.output import ChatMarkup
 from mlxserve.postprocess.reasoning import reasoning_skipped, starts_in_reasoning
 from mlxserve.postprocess.tools import ToolFormat
+from mlxserve.protocol.errors import bad_request
+from mlxserve.protocol.request import ChatRequest, Constraint, GenerationRequest
 from mlxserve.structured import lark
 from mlxserve.structured.matcher import Grammar, GrammarError, is_special, markup_lark
 
@@ -19,11 +20,10 @@ Markup = Callable[[str], str]  # text -> Lark for exactly its tokens
 
 
 def completion_grammar(request: GenerationRequest, tokenizer) -> Grammar | None:
-    content = _content_body(request)
-    if content is None:
+    constraint = request.constraint
+    if constraint is None:
         return None
-    param, body = content
-    return _compile(tokenizer, lark.grammar(body), param)
+    return _compile(tokenizer, lark.grammar(_content_body(constraint)), constraint.param)
 
 
 def chat_grammar(
@@ -31,66 +31,45 @@ def chat_grammar(
 ) -> Grammar | None:
     """The reply's grammar: the model may reason first, then writes the constrained part
     (content, or a tool call in its own format)."""
-    content = _content_body(request)
-    forcing = request.tool_choice == "required" or request.forced_tool is not None
-    if content is not None and forcing:
+    constraint, choice = request.constraint, request.tool_choice
+    if constraint is not None and choice.forces_call:
         raise bad_request(
             "tool_choice forces a tool call; it cannot be combined with a response format.",
-            param="tool_choice",
+            param=choice.param,
         )
-    if forcing:
-        return _compile(tokenizer, _tool_call_grammar(request, tokenizer, prompt, markup), "tools")
-    if content is None:
+    if choice.forces_call:
+        grammar = _tool_call_grammar(request, tokenizer, prompt, markup)
+        return _compile(tokenizer, grammar, "tools")
+    if constraint is None:
         return None
-    param, body = content
+    body = _content_body(constraint)
     if markup.harmony:
-        return _compile(tokenizer, _harmony(tokenizer).final_reply(body), param)
-    return _compile(tokenizer, _after_reasoning(body, tokenizer, prompt, markup), param)
+        return _compile(tokenizer, _harmony(tokenizer).final_reply(body), constraint.param)
+    return _compile(tokenizer, _after_reasoning(body, tokenizer, prompt, markup), constraint.param)
 
 
-def _content_body(request: GenerationRequest) -> tuple[str, str] | None:
-    """(the field that asked, Lark of the constrained content), if one did."""
-    found: list[tuple[str, str]] = []
-    response_format = request.response_format
-    if response_format is not None and response_format.type == "json_object":
-        found.append(("response_format", lark.json_schema({"type": "object"})))
-    elif response_format is not None and response_format.type == "json_schema":
-        if response_format.json_schema is None:
-            raise bad_request(
-                "response_format of type 'json_schema' needs a 'json_schema' object.",
-                param="response_format.json_schema",
-            )
-        schema = response_format.json_schema.schema_ or {"type": "object"}
-        found.append(("response_format.json_schema.schema", lark.json_schema(schema)))
-    for prefix, source in (("", request), ("extra_body.", request.extra_body)):
-        if source is None:
-            continue
-        if source.guided_json is not None:
-            found.append((f"{prefix}guided_json", lark.json_schema(source.guided_json)))
-        if source.guided_regex is not None:
-            found.append((f"{prefix}guided_regex", lark.regex(source.guided_regex)))
-        if source.guided_choice is not None:
-            found.append((f"{prefix}guided_choice", lark.choice(source.guided_choice)))
-    if len(found) > 1:
-        raise bad_request(
-            f"Only one constraint may be given; got {', '.join(name for name, _ in found)}.",
-            param=found[1][0],
-        )
-    return found[0] if found else None
+def _content_body(constraint: Constraint) -> str:
+    """Lark of the constrained content."""
+    if constraint.kind == "json_schema":
+        return lark.json_schema(constraint.value)
+    if constraint.kind == "regex":
+        return lark.regex(constraint.value)
+    return lark.choice(constraint.value)
 
 
 def _tool_call_grammar(
     request: ChatRequest, tokenizer, prompt: list[int], markup: ChatMarkup
 ) -> str:
+    choice = request.tool_choice
     if not request.tools:
-        raise bad_request("tool_choice requires tools.", param="tool_choice")
-    tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
-    if request.forced_tool is not None:
-        tools = [t for t in tools if t["function"]["name"] == request.forced_tool]
+        raise bad_request("tool_choice requires tools.", param=choice.param)
+    tools = [tool.definition() for tool in request.tools]
+    if choice.name is not None:
+        tools = [t for t in tools if t["function"]["name"] == choice.name]
         if not tools:
             raise bad_request(
-                f"tool_choice names '{request.forced_tool}', which is not among the tools.",
-                param="tool_choice",
+                f"tool_choice names '{choice.name}', which is not among the tools.",
+                param=choice.param,
             )
     if markup.harmony:
         return _harmony_tool_call(tokenizer, tools)
@@ -101,7 +80,7 @@ def _tool_call_grammar(
         raise bad_request(
             f"A tool call cannot be forced in this model's tool-call format ({name}); "
             "use tool_choice 'auto'.",
-            param="tool_choice",
+            param=choice.param,
         )
     body, rules = writer(
         functools.partial(markup_lark, tokenizer), fmt, tools, request.parallel_tool_calls
@@ -213,9 +192,9 @@ def _harmony_tool_call(tokenizer, tools: list[dict]) -> str:
 
 def _harmony(tokenizer) -> lark.Harmony:
     return lark.Harmony(
-        markup_lark(tokenizer, "<|channel|>analysis<|message|>"),
-        markup_lark(tokenizer, "<|end|><|start|>assistant"),
-        markup_lark(tokenizer, "<|channel|>final<|message|>"),
+        markup_lark(tokenizer, ANALYSIS_OPENING),
+        markup_lark(tokenizer, ANALYSIS_CLOSING),
+        markup_lark(tokenizer, FINAL_OPENING),
         markup_lark(tokenizer, "<|return|>"),
     )
 

@@ -1,32 +1,22 @@
-"""Request bodies: JSON -> validated models, so every mistake is a 400 before generation.
-
-Pydantic in strict mode does the checking: a string where a number belongs is refused
-(as OpenAI does), an int is fine where a float belongs, unknown fields are ignored.
-"""
+"""OpenAI request bodies (Chat Completions, Completions): the wire models, checked, and
+their translation into the neutral requests."""
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator
 
-from mlxserve.api.errors import APIError, bad_request
+from mlxserve.api.wire import Strict as _Strict
+from mlxserve.protocol import request as neutral
+from mlxserve.protocol.errors import bad_request
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+TEXT_PARTS = ("text", "input_text")
+IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
 class StreamOptions(_Strict):
@@ -223,24 +213,12 @@ class ChatRequest(GenerationRequest):
             raise ValueError("must be 'auto', 'none', 'required' or a named function")
         return value
 
-    @property
-    def forced_tool(self) -> str | None:
-        """The function tool_choice names, if it names one."""
-        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
-
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, value):
         if value and (reserved := sorted(RESERVED_TEMPLATE_KWARGS & set(value))):
             raise ValueError(f"{', '.join(reserved)} cannot be set here")
         return value
-
-    @property
-    def tool_definitions(self) -> list[dict] | None:
-        """The tools as chat templates and parsers take them, unless tool_choice is none."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
     @field_validator("reasoning_effort")
     @classmethod
@@ -281,43 +259,136 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs
 
 
-# Pydantic names union members in error locations ('str', 'list[str]', 'ContentPart'...).
-_TYPE_TAG = re.compile(r"^([A-Z]\w*|str|int|float|bool|dict|list|function-\w+)(\[.*\])?$")
+# Translation into the neutral requests ------------------------------------------------
 
 
-def _param(loc: tuple) -> str:
-    param = ""
-    for part in loc:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif not _TYPE_TAG.match(part):
-            param += f".{part}" if param else part
-    return param
+def chat_request(wire: ChatRequest) -> neutral.ChatRequest:
+    return neutral.ChatRequest(
+        **_generation_fields(wire, wire.token_limit),
+        messages=tuple(_message(m, f"messages[{i}]") for i, m in enumerate(wire.messages)),
+        tools=tuple(
+            neutral.Tool(f.name, f.description, f.parameters, f.strict)
+            for f in (tool.function for tool in wire.tools or [])
+        ),
+        tool_choice=_tool_choice(wire.tool_choice),
+        parallel_tool_calls=wire.parallel_tool_calls,
+        reasoning_effort=wire.reasoning_effort,
+        template_kwargs=_template_kwargs(wire),
+    )
 
 
-def parse_json_body(raw: bytes) -> dict:
-    """Decode a body into a JSON object, or raise a 400."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise bad_request(f"The request body is not valid UTF-8: {e}") from e
-    except json.JSONDecodeError as e:
-        raise bad_request(f"The request body is not valid JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    try:  # JSON may escape lone UTF-16 surrogates ("\ud800"), which are not Unicode
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise bad_request(f"The request body is not valid Unicode: {e.reason}.") from e
-    return body
+def completion_request(wire: CompletionRequest) -> neutral.CompletionRequest:
+    prompt = wire.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    return neutral.CompletionRequest(
+        **_generation_fields(wire, wire.max_tokens),
+        prompts=tuple(p if isinstance(p, str) else tuple(p) for p in prompt),
+    )
 
 
-def validate(model: type[BaseModel], body: dict) -> Any:
-    """Validate a decoded body into `model`, turning the first problem into a 400."""
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        error = e.errors(include_url=False)[0]
-        param = _param(error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        raise APIError(400, f"Invalid value for '{param}': {message}.", param=param) from e
+def _generation_fields(wire: ChatRequest | CompletionRequest, max_tokens: int | None) -> dict:
+    return {
+        "model": wire.model,
+        "sampling": neutral.Sampling(
+            temperature=wire.temperature,
+            top_p=wire.top_p,
+            top_k=wire.top_k,
+            min_p=wire.min_p,
+            xtc_probability=wire.xtc_probability,
+            xtc_threshold=wire.xtc_threshold,
+            repetition_penalty=wire.repetition_penalty,
+            repetition_context_size=wire.repetition_context_size,
+            presence_penalty=wire.presence_penalty,
+            frequency_penalty=wire.frequency_penalty,
+            logit_bias={int(k): v for k, v in (wire.logit_bias or {}).items()},
+            seed=wire.seed,
+        ),
+        "max_tokens": max_tokens,
+        "stop": tuple(wire.stop or ()),
+        "n": wire.n,
+        "logprobs": wire.logprob_count,
+        "constraint": _constraint(wire),
+    }
+
+
+def _message(message: Message, param: str) -> neutral.Message:
+    return neutral.Message(
+        role="system" if message.role == "developer" else message.role,
+        content=_content(message.content, param),
+        param=param,
+        name=message.name,
+        tool_calls=tuple(
+            neutral.ToolCall(call.id, call.function.name, call.function.arguments)
+            for call in message.tool_calls or []
+        ),
+        tool_call_id=message.tool_call_id,
+        reasoning=message.reasoning_content or message.reasoning or message.thinking,
+    )
+
+
+def _content(content: str | list[ContentPart] | None, param: str):
+    if not isinstance(content, list):
+        return content
+    parts: list[neutral.Part] = []
+    for j, part in enumerate(content):
+        where = f"{param}.content[{j}]"
+        if part.type in TEXT_PARTS:
+            if part.text is None:
+                raise bad_request("A text content part needs a 'text' string.", param=where)
+            parts.append(neutral.TextPart(part.text))
+        elif part.type in IMAGE_PARTS:
+            parts.append(neutral.ImagePart(part.url, where))
+        else:
+            raise bad_request(f"Unsupported content part type '{part.type}'.", param=where)
+    return tuple(parts)
+
+
+def _tool_choice(choice: str | dict | None) -> neutral.ToolChoice:
+    if isinstance(choice, dict):
+        return neutral.ToolChoice("required", choice["function"]["name"])
+    return neutral.ToolChoice(choice or "auto")
+
+
+def _template_kwargs(wire: ChatRequest) -> dict:
+    """What the request tells the chat template besides the messages and tools."""
+    kwargs: dict = {}
+    if wire.enable_thinking is not None:
+        kwargs["enable_thinking"] = wire.enable_thinking
+    if wire.thinking is not None:
+        kwargs["thinking"] = wire.thinking
+    return {**kwargs, **(wire.chat_template_kwargs or {})}
+
+
+def _constraint(wire: GenerationRequest) -> neutral.Constraint | None:
+    """The one content constraint of response_format and vLLM's guided_* fields."""
+    found: list[neutral.Constraint] = []
+    response_format = wire.response_format
+    if response_format is not None and response_format.type == "json_object":
+        found.append(neutral.Constraint("json_schema", {"type": "object"}, "response_format"))
+    elif response_format is not None and response_format.type == "json_schema":
+        if response_format.json_schema is None:
+            raise bad_request(
+                "response_format of type 'json_schema' needs a 'json_schema' object.",
+                param="response_format.json_schema",
+            )
+        schema = response_format.json_schema.schema_ or {"type": "object"}
+        found.append(
+            neutral.Constraint("json_schema", schema, "response_format.json_schema.schema")
+        )
+    for prefix, source in (("", wire), ("extra_body.", wire.extra_body)):
+        if source is None:
+            continue
+        for kind, name, value in (
+            ("json_schema", "guided_json", source.guided_json),
+            ("regex", "guided_regex", source.guided_regex),
+            ("choice", "guided_choice", source.guided_choice),
+        ):
+            if value is not None:
+                found.append(neutral.Constraint(kind, value, prefix + name))
+    if len(found) > 1:
+        raise bad_request(
+            f"Only one constraint may be given; got {', '.join(c.param for c in found)}.",
+            param=found[1].param,
+        )
+    return found[0] if found else None

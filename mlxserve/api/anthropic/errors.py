@@ -1,0 +1,30 @@
+"""Neutral errors in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+
+from __future__ import annotations
+
+from mlxserve.api.errors import ErrorReply
+from mlxserve.protocol.errors import ErrorKind, ServiceError
+
+# kind -> (status, type). Anthropic has no "not ready" status: 503 with api_error, which
+# its SDK retries like overloaded_error's 529.
+STATUS = {
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.AUTHENTICATION: (401, "authentication_error"),
+    ErrorKind.NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.TOO_LARGE: (413, "request_too_large"),
+    ErrorKind.UNAVAILABLE: (503, "api_error"),
+    ErrorKind.OVERLOADED: (529, "overloaded_error"),
+    ErrorKind.INTERNAL: (500, "api_error"),
+}
+
+
+def error_body(error: ServiceError) -> dict:
+    message = error.message
+    if error.param and error.param not in message:
+        message = f"{error.param}: {message}"
+    return {"type": "error", "error": {"type": STATUS[error.kind][1], "message": message}}
+
+
+def error_reply(error: ServiceError) -> ErrorReply:
+    return ErrorReply(STATUS[error.kind][0], error_body(error), error)

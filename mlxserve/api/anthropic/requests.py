@@ -1,0 +1,284 @@
+"""Anthropic Messages request bodies: the wire models, checked, and their translation into
+the neutral chat request."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from mlxserve.api.anthropic.thinking import verify
+from mlxserve.api.wire import Strict
+from mlxserve.protocol import request as neutral
+from mlxserve.protocol.errors import bad_request
+
+log = logging.getLogger(__name__)
+
+# output_config.effort -> the chat template's reasoning_effort
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+
+
+class TextBlock(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageSource(Strict):
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+    def as_url(self, param: str) -> str:
+        """The image as a URL the image pipeline reads: base64 data become a data URI."""
+        if self.type == "url":
+            if not self.url:
+                raise bad_request("A url image source needs a 'url'.", param=param)
+            return self.url
+        if not self.data or not self.media_type:
+            raise bad_request("A base64 image source needs 'media_type' and 'data'.", param=param)
+        return f"data:{self.media_type};base64,{self.data}"
+
+
+class ImageBlock(Strict):
+    type: Literal["image"]
+    source: ImageSource
+
+
+class ToolUseBlock(Strict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
+
+
+class ToolResultBlock(Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(Strict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(Strict):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Block = Annotated[
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(Strict):
+    type: str | None = None  # "custom" or absent; server tools (web search...) are refused
+    name: str
+    description: str | None = None
+    input_schema: dict
+
+
+class ToolChoice(Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class Thinking(Strict):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class OutputConfig(Strict):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
+class CountTokensRequest(Strict):
+    """What /v1/messages/count_tokens takes: the prompt-defining fields of a request."""
+
+    model: str
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+
+    @field_validator("thinking")
+    @classmethod
+    def _budget(cls, value):
+        if value is not None and value.type == "enabled" and value.budget_tokens is None:
+            raise ValueError("budget_tokens is required when thinking is enabled")
+        return value
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    stream: bool = False
+    metadata: dict | None = None  # accepted, unused
+    service_tier: str | None = None  # accepted, unused
+
+
+# Translation into the neutral request ---------------------------------------------------
+
+
+def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
+    choice = wire.tool_choice
+    fields: dict = {}
+    if isinstance(wire, MessagesRequest):
+        fields = {
+            "sampling": neutral.Sampling(
+                temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k
+            ),
+            "max_tokens": wire.max_tokens,
+            "stop": tuple(wire.stop_sequences or ()),
+        }
+    thinking = wire.thinking
+    effort = wire.output_config.effort if wire.output_config else None
+    return neutral.ChatRequest(
+        model=wire.model,
+        messages=_system(wire.system) + _messages(wire.messages),
+        tools=tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(wire.tools or [])),
+        tool_choice=_tool_choice(choice),
+        parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
+        reasoning_effort=EFFORTS.get(effort) if effort else None,
+        template_kwargs=_thinking_switch(thinking),
+        reasoning_budget=thinking.budget_tokens
+        if thinking and thinking.type == "enabled"
+        else None,
+        **fields,
+    )
+
+
+def _system(system: str | list[TextBlock] | None) -> tuple[neutral.Message, ...]:
+    if not system:
+        return ()
+    text = system if isinstance(system, str) else "\n".join(block.text for block in system)
+    return (neutral.Message("system", text, "system"),)
+
+
+def _messages(messages: list[Message]) -> tuple[neutral.Message, ...]:
+    out: list[neutral.Message] = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if isinstance(message.content, str):
+            out.append(neutral.Message(message.role, message.content, param))
+        elif message.role == "user":
+            out += _user_turn(message.content, param)
+        else:
+            out.append(_assistant_turn(message.content, param))
+    return tuple(out)
+
+
+def _user_turn(blocks: list, param: str) -> list[neutral.Message]:
+    """Tool results become tool messages (in order); the other blocks one user message."""
+    out: list[neutral.Message] = []
+    parts: list[neutral.Part] = []
+    for j, block in enumerate(blocks):
+        where = f"{param}.content[{j}]"
+        if isinstance(block, ToolResultBlock):
+            content = _tool_result(block, where)
+            out.append(neutral.Message("tool", content, where, tool_call_id=block.tool_use_id))
+        elif isinstance(block, TextBlock | ImageBlock):
+            parts.append(_part(block, where))
+        else:
+            raise bad_request(f"A {block.type} block cannot stand in a user message.", where)
+    if parts:
+        out.append(neutral.Message("user", tuple(parts), param))
+    return out
+
+
+def _tool_result(block: ToolResultBlock, param: str) -> str:
+    """A tool result as text (an error says so)."""
+    if isinstance(block.content, str):
+        text = block.content
+    else:
+        texts = []
+        for k, part in enumerate(block.content):
+            if isinstance(part, ImageBlock):
+                raise bad_request(
+                    "Images in tool results are not supported; send them in a user turn.",
+                    f"{param}.content[{k}]",
+                    code="images_not_supported",
+                )
+            texts.append(part.text)
+        text = "\n".join(texts)
+    return f"Error: {text}" if block.is_error else text
+
+
+def _assistant_turn(blocks: list, param: str) -> neutral.Message:
+    """Text, tool calls and the reasoning this server wrote (see thinking.py)."""
+    parts: list[neutral.Part] = []
+    reasoning: list[str] = []
+    calls: list[neutral.ToolCall] = []
+    for j, block in enumerate(blocks):
+        where = f"{param}.content[{j}]"
+        if isinstance(block, TextBlock):
+            parts.append(neutral.TextPart(block.text))
+        elif isinstance(block, ToolUseBlock):
+            calls.append(neutral.ToolCall(block.id, block.name, block.input))
+        elif isinstance(block, ThinkingBlock):
+            if verify(block.thinking, block.signature):
+                reasoning.append(block.thinking)
+            else:
+                log.debug("thinking at %s is not this server's; left out of the prompt", where)
+        elif not isinstance(block, RedactedThinkingBlock):  # opaque: nothing to render
+            raise bad_request(f"A {block.type} block cannot stand in an assistant message.", where)
+    return neutral.Message(
+        "assistant",
+        tuple(parts),
+        param,
+        tool_calls=tuple(calls),
+        reasoning="\n".join(reasoning) or None,
+    )
+
+
+def _part(block: TextBlock | ImageBlock, param: str) -> neutral.Part:
+    if isinstance(block, TextBlock):
+        return neutral.TextPart(block.text)
+    return neutral.ImagePart(block.source.as_url(f"{param}.source"), param)
+
+
+def _tool(tool: Tool, param: str) -> neutral.Tool:
+    if tool.type not in (None, "custom"):
+        raise bad_request(
+            f"The tool '{tool.name}' is of type '{tool.type}', which this server cannot run; "
+            "only custom tools (name, description, input_schema) are supported.",
+            param,
+        )
+    return neutral.Tool(tool.name, tool.description, tool.input_schema)
+
+
+def _tool_choice(choice: ToolChoice | None) -> neutral.ToolChoice:
+    if choice is None or choice.type == "auto":
+        return neutral.ToolChoice("auto")
+    if choice.type == "none":
+        return neutral.ToolChoice("none")
+    if choice.type == "any":
+        return neutral.ToolChoice("required")
+    if not choice.name:
+        raise bad_request("A tool_choice of type 'tool' needs a 'name'.", "tool_choice.name")
+    return neutral.ToolChoice("required", choice.name)
+
+
+def _thinking_switch(thinking: Thinking | None) -> dict:
+    """The chat template's thinking switch (Qwen3's and others' `enable_thinking`); with
+    no `thinking` field the template's own default holds."""
+    if thinking is None:
+        return {}
+    return {"enable_thinking": thinking.type != "disabled"}

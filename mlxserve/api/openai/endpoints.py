@@ -1,0 +1,99 @@
+"""The OpenAI endpoints: Chat Completions, Completions, models and health."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from mlxserve.api.openai.errors import error_body
+from mlxserve.api.openai.requests import (
+    ChatRequest,
+    CompletionRequest,
+    chat_request,
+    completion_request,
+)
+from mlxserve.api.openai.responses import ChatFormat, CompletionFormat, ReplyFormat
+from mlxserve.api.sse import SSEWriter
+from mlxserve.api.wire import parse
+from mlxserve.protocol.errors import ServiceError, not_found
+from mlxserve.service.chat import ChatService, Prepared
+from mlxserve.service.run import Step
+
+
+@dataclass
+class OpenAIEndpoints:
+    service: ChatService
+
+    def health(self) -> tuple[int, dict]:
+        service = self.service
+        if not service.worker.alive or service.provider.loaded is None:
+            return 503, {"status": "unavailable"}
+        return 200, {"status": "ok", "model": service.provider.alias}
+
+    def models(self) -> dict:
+        return {"object": "list", "data": self.service.provider.list_models()}
+
+    def model(self, model_id: str) -> dict:
+        for entry in self.service.provider.list_models():
+            if entry["id"] == model_id:
+                return entry
+        raise not_found(
+            f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
+        )
+
+    def chat(self, raw: bytes, handler) -> dict | None:
+        wire = parse(ChatRequest, raw)
+        prepared = self.service.prepare_chat(chat_request(wire))
+        fmt = ChatFormat(wire.model or self.service.provider.alias, prepared.texts)
+        return self._reply(prepared, fmt, wire.stream, wire.include_usage, handler)
+
+    def completion(self, raw: bytes, handler) -> dict | None:
+        wire = parse(CompletionRequest, raw)
+        prepared = self.service.prepare_completion(completion_request(wire))
+        fmt = CompletionFormat(wire.model or self.service.provider.alias, prepared.texts)
+        return self._reply(prepared, fmt, wire.stream, wire.include_usage, handler)
+
+    def _reply(
+        self, prepared: Prepared, fmt: ReplyFormat, stream: bool, include_usage: bool, handler
+    ) -> dict | None:
+        run = self.service.run(prepared, handler.client_gone)
+        if not stream:
+            return fmt.response(run.collect(), run.usage)
+        sse = SSEWriter(handler)
+        keepalive_seconds = self.service.config.keepalive_seconds
+
+        def keepalive() -> None:
+            if time.monotonic() - sse.last_write >= keepalive_seconds:
+                sse.comment("keepalive")
+
+        started: set[int] = set()
+        try:
+            for step in run.steps(keepalive):
+                _send(sse, fmt, step, started)
+        except ServiceError as e:
+            if not sse.started:  # an error before any output is a plain reply
+                raise
+            sse.event(error_body(e))
+        else:
+            if include_usage:
+                sse.event(fmt.usage_chunk(run.usage))
+        sse.done()
+        return None
+
+
+def _send(sse: SSEWriter, fmt: ReplyFormat, step: Step, started: set[int]) -> None:
+    """A step's chunks; a choice's role chunk waits for its first step, so that an error
+    is still a plain reply until then."""
+    choice, entries = step.choice, step.logprobs
+    if choice.index not in started:
+        started.add(choice.index)
+        start = fmt.start_chunk(choice.index)  # None: text completions have none
+        if start is not None:
+            sse.event(start)
+    if entries and not step.events:
+        sse.event(fmt.event_chunk(choice, None, entries))
+    for i, event in enumerate(step.events):
+        sse.event(fmt.event_chunk(choice, event, entries if i == 0 else []))
+    choice.text_offset += sum(len(fmt.texts(e.token).text) for e in entries)
+    if step.finished:
+        sse.event(fmt.finish_chunk(choice.index, choice.finish_reason))

@@ -1,0 +1,29 @@
+"""Neutral errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+from mlxserve.api.errors import ErrorReply
+from mlxserve.protocol.errors import ErrorKind, ServiceError
+
+# kind -> (status, type)
+STATUS = {
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.AUTHENTICATION: (401, "authentication_error"),
+    ErrorKind.NOT_FOUND: (404, "invalid_request_error"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.TOO_LARGE: (413, "invalid_request_error"),
+    ErrorKind.UNAVAILABLE: (503, "server_error"),
+    ErrorKind.OVERLOADED: (503, "server_error"),
+    ErrorKind.INTERNAL: (500, "server_error"),
+}
+
+
+def error_body(error: ServiceError) -> dict:
+    _, kind = STATUS[error.kind]
+    return {
+        "error": {"message": error.message, "type": kind, "param": error.param, "code": error.code}
+    }
+
+
+def error_reply(error: ServiceError) -> ErrorReply:
+    return ErrorReply(STATUS[error.kind][0], error_body(error), error)

@@ -1,0 +1,48 @@
+"""Which dialect answers which path, and in which dialect's shape its errors go out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mlxserve.api.anthropic.endpoints import AnthropicEndpoints
+from mlxserve.api.anthropic.errors import error_reply as anthropic_error
+from mlxserve.api.errors import ErrorRenderer
+from mlxserve.api.openai.endpoints import OpenAIEndpoints
+from mlxserve.api.openai.errors import error_reply as openai_error
+from mlxserve.service.chat import ChatService
+
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+COMPLETION_PATHS = ("/v1/completions", "/completions")
+MESSAGES_PATHS = ("/v1/messages", "/messages")
+COUNT_TOKENS_PATHS = ("/v1/messages/count_tokens", "/messages/count_tokens")
+ANTHROPIC_PATHS = MESSAGES_PATHS + COUNT_TOKENS_PATHS
+HEALTH_PATHS = ("/health", "/v1/health")
+MODELS_PATHS = ("/v1/models", "/models")
+GET_PATHS = HEALTH_PATHS + MODELS_PATHS
+
+# A POST endpoint: (request body, the HTTP handler) -> a JSON reply, or None once streamed.
+Endpoint = Callable[[bytes, object], dict | None]
+
+
+@dataclass
+class Routes:
+    service: ChatService
+    openai: OpenAIEndpoints = field(init=False)
+    anthropic: AnthropicEndpoints = field(init=False)
+    post: dict[str, Endpoint] = field(init=False)
+
+    def __post_init__(self):
+        self.openai = OpenAIEndpoints(self.service)
+        self.anthropic = AnthropicEndpoints(self.service)
+        self.post = {
+            **dict.fromkeys(CHAT_PATHS, self.openai.chat),
+            **dict.fromkeys(COMPLETION_PATHS, self.openai.completion),
+            **dict.fromkeys(MESSAGES_PATHS, self.anthropic.messages),
+            **dict.fromkeys(COUNT_TOKENS_PATHS, self.anthropic.count_tokens),
+        }
+
+    @staticmethod
+    def errors(path: str) -> ErrorRenderer:
+        """Errors on Anthropic's paths in its shape; everything else in OpenAI's."""
+        return anthropic_error if path in ANTHROPIC_PATHS else openai_error

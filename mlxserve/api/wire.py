@@ -1,0 +1,67 @@
+"""Request bodies for every dialect: JSON -> validated wire models, so every mistake is a
+400 naming its field before anything runs.
+
+Pydantic in strict mode does the checking: a string where a number belongs is refused
+(as OpenAI and Anthropic do), an int is fine where a float belongs, unknown fields are
+ignored."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from mlxserve.protocol.errors import bad_request
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+# Pydantic names union members in error locations ('str', 'list[str]', 'ContentPart'...).
+_TYPE_TAG = re.compile(r"^([A-Z]\w*|str|int|float|bool|dict|list|function-\w+)(\[.*\])?$")
+
+
+def _param(loc: tuple) -> str:
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif not _TYPE_TAG.match(part):
+            param += f".{part}" if param else part
+    return param
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """Decode a body into a JSON object, or raise a 400."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad_request(f"The request body is not valid UTF-8: {e}") from e
+    except json.JSONDecodeError as e:
+        raise bad_request(f"The request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    try:  # JSON may escape lone UTF-16 surrogates ("\ud800"), which are not Unicode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(f"The request body is not valid Unicode: {e.reason}.") from e
+    return body
+
+
+def validate(model: type[BaseModel], body: dict) -> Any:
+    """Validate a decoded body into `model`, turning the first problem into a 400."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        error = e.errors(include_url=False)[0]
+        param = _param(error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        raise bad_request(f"Invalid value for '{param}': {message}.", param=param) from e
+
+
+def parse(model: type[BaseModel], raw: bytes) -> Any:
+    """A request body as a validated wire model."""
+    return validate(model, parse_json_body(raw))

@@ -1,0 +1,65 @@
+"""Neutral errors: what went wrong (a kind), a message and the offending field.
+
+Raised anywhere; each dialect maps the kind to its own status code and error body, so no
+core module knows a wire format."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorKind(Enum):
+    INVALID_REQUEST = "invalid_request"  # the client's mistake
+    AUTHENTICATION = "authentication"
+    NOT_FOUND = "not_found"  # an unknown model or path
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    TOO_LARGE = "too_large"  # the request body
+    UNAVAILABLE = "unavailable"  # not ready: the generation thread is not running
+    OVERLOADED = "overloaded"  # too much work now: retry after `retry_after` seconds
+    INTERNAL = "internal"  # a bug
+
+
+class ServiceError(Exception):
+    """An error any layer may raise; `param` names the request field at fault, as the
+    dialect that built the request spells it."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+
+class ClientGone(Exception):
+    """The client closed its connection: its work is cancelled, nothing is answered."""
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ServiceError:
+    return ServiceError(ErrorKind.INVALID_REQUEST, message, param, code)
+
+
+def not_found(message: str, param: str | None = None, code: str | None = None) -> ServiceError:
+    return ServiceError(ErrorKind.NOT_FOUND, message, param, code)
+
+
+def unavailable(message: str) -> ServiceError:
+    return ServiceError(ErrorKind.UNAVAILABLE, message, code="service_unavailable")
+
+
+def busy(message: str, retry_after_seconds: int) -> ServiceError:
+    return ServiceError(
+        ErrorKind.OVERLOADED, message, code="server_busy", retry_after=retry_after_seconds
+    )
+
+
+def internal_error(message: str) -> ServiceError:
+    return ServiceError(ErrorKind.INTERNAL, message, code="internal_error")

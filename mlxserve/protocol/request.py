@@ -1,0 +1,141 @@
+"""The neutral chat and completion requests every dialect is translated into.
+
+Fields are already checked for type and range by the dialect (a 400 at the edge); what
+needs the model (its template, tokenizer, capabilities) is checked below. Each piece that
+may be at fault carries `param`: where the client put it, as its dialect names it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    url: str  # a data URI, an http(s) URL, or a local path / file:// URL
+    param: str
+
+
+Part = TextPart | ImagePart
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant made earlier in the conversation."""
+
+    id: str | None
+    name: str
+    arguments: str | dict  # JSON text, or the object itself
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | tuple[Part, ...] | None
+    param: str  # e.g. "messages[2]"
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    reasoning: str | None = None  # an assistant turn's reasoning
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+    def definition(self) -> dict:
+        """The tool as chat templates and parsers take it (OpenAI's function shape, the
+        one Hugging Face templates are written for)."""
+        function = {"name": self.name, "description": self.description}
+        function |= {"parameters": self.parameters, "strict": self.strict}
+        return {
+            "type": "function",
+            "function": {k: v for k, v in function.items() if v is not None},
+        }
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """auto: the model decides; none: no tools; required: at least one call; a `name`:
+    a call of that tool."""
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    name: str | None = None
+    param: str = "tool_choice"
+
+    @property
+    def forces_call(self) -> bool:
+        return self.mode == "required" or self.name is not None
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the content must match: a JSON schema, a regular expression, or one of a
+    list of strings."""
+
+    kind: Literal["json_schema", "regex", "choice"]
+    value: dict | str | list[str]
+    param: str
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings; None: the server's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What chat and text completions share."""
+
+    model: str | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    max_tokens: int | None = None  # None: the server's default
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    logprobs: int | None = None  # None: none; 0: the chosen token's; k: also the k likeliest
+    constraint: Constraint | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest(GenerationRequest):
+    messages: tuple[Message, ...] = ()
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    reasoning_effort: str | None = None  # low, medium or high
+    template_kwargs: dict = field(default_factory=dict)  # extra chat template variables
+    reasoning_budget: int | None = None  # most tokens of reasoning before the answer
+
+    @property
+    def tool_definitions(self) -> list[dict] | None:
+        """The tools as chat templates and parsers take them, unless tool_choice is none."""
+        if not self.tools or self.tool_choice.mode == "none":
+            return None
+        return [tool.definition() for tool in self.tools]
+
+
+@dataclass(frozen=True)
+class CompletionRequest(GenerationRequest):
+    prompts: tuple[str | tuple[int, ...], ...] = ()  # text, or token ids
+    prompt_param: str = "prompt"

@@ -1,0 +1,205 @@
+"""Neutral requests -> runs: the prompt rendered by the model's template, the sampling
+settings, the grammar, and each choice's output pipeline, the same for every dialect."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mlxserve.chat.images import ImageLimits
+from mlxserve.chat.templates import encode_prompts, render_chat
+from mlxserve.chat.tool_prompt import injects_tools
+from mlxserve.chat.vision import VisionChat, render_vision_chat
+from mlxserve.config import ServerConfig
+from mlxserve.engine.jobs import PromptImages
+from mlxserve.engine.reasoning_budget import ReasoningBudget
+from mlxserve.engine.sampling import GenerationParams
+from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.provider import ModelProvider, ModelSpec
+from mlxserve.postprocess.output import (
+    ChatMarkup,
+    TextOutput,
+    chat_markup,
+    chat_output_factory,
+    reasoning_markers,
+)
+from mlxserve.postprocess.reasoning import starts_in_reasoning
+from mlxserve.protocol.errors import bad_request, unavailable
+from mlxserve.protocol.request import ChatRequest, CompletionRequest, GenerationRequest
+from mlxserve.service.run import ChoicePlan, GenerationRun
+from mlxserve.service.token_texts import TokenTexts
+from mlxserve.structured.matcher import Grammar
+from mlxserve.structured.requests import chat_grammar, completion_grammar
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to run: its prompts as tokens and how each choice is generated
+    and post-processed."""
+
+    spec: ModelSpec
+    prompts: list[list[int]]
+    params: GenerationParams
+    n: int
+    texts: TokenTexts  # token ids -> text and bytes, for logprobs
+    make_output: Callable[[list[int]], Any]
+    images: PromptImages | None = None
+
+
+@dataclass
+class ChatService:
+    config: ServerConfig
+    provider: ModelProvider
+    worker: GenerationWorker
+
+    def prepare_chat(self, request: ChatRequest, reasoning_format: str | None = None) -> Prepared:
+        """`reasoning_format` overrides --reasoning-format (a dialect with reasoning
+        blocks of its own always wants them separate)."""
+        spec, tokenizer = self.model(request.model)
+        tools = request.tool_definitions
+        injected = injects_tools(tokenizer, self.config.chat_template, tools)
+        prompt, images = self._render(spec, tokenizer, request, injected)
+        markup = chat_markup(
+            tokenizer,
+            reasoning_parser=self.config.reasoning_parser,
+            tool_parser=self.config.tool_parser,
+            tools_in_request=tools,
+            injected_tools=injected,
+        )
+        grammar = _usable(chat_grammar(request, tokenizer, prompt, markup), spec)
+        params = _params(request, self.config, tokenizer, grammar)
+        if request.reasoning_budget is not None:
+            budget = _reasoning_budget(request.reasoning_budget, tokenizer, prompt, markup)
+            params = replace(params, reasoning_budget=budget)
+        make_output = chat_output_factory(
+            tokenizer,
+            markup,
+            reasoning_format=reasoning_format or self.config.reasoning_format,
+            tools_in_request=tools,
+            parallel_tool_calls=request.parallel_tool_calls,
+        )
+        return Prepared(
+            spec, [prompt], params, request.n, TokenTexts(tokenizer), make_output, images
+        )
+
+    def prompt_tokens(self, request: ChatRequest) -> int:
+        """How many tokens the request's prompt takes, rendered exactly as for a reply."""
+        spec, tokenizer = self.model(request.model)
+        injected = injects_tools(tokenizer, self.config.chat_template, request.tool_definitions)
+        return len(self._render(spec, tokenizer, request, injected)[0])
+
+    def prepare_completion(self, request: CompletionRequest) -> Prepared:
+        spec, tokenizer = self.model(request.model)
+        prompts = encode_prompts(tokenizer, request)
+        grammar = _usable(completion_grammar(request, tokenizer), spec)
+        params = _params(request, self.config, tokenizer, grammar)
+        return Prepared(
+            spec, prompts, params, request.n, TokenTexts(tokenizer), lambda _: TextOutput()
+        )
+
+    def run(self, prepared: Prepared, client_gone: Callable[[], bool]) -> GenerationRun:
+        """The run of every choice: `n` for each prompt, seeded siblings apart."""
+        plans = [
+            ChoicePlan(
+                p * prepared.n + j,
+                prompt,
+                _sibling_seed(prepared.params, j),
+                j == 0,
+                images=prepared.images,
+            )
+            for p, prompt in enumerate(prepared.prompts)
+            for j in range(prepared.n)
+        ]
+        return GenerationRun(
+            self.worker,
+            prepared.spec,
+            plans,
+            self.config.num_draft_tokens,
+            client_gone,
+            prepared.make_output,
+        )
+
+    def model(self, requested: str | None):
+        """The spec and tokenizer of the model a request names (404 if not servable)."""
+        if not self.worker.alive:
+            raise unavailable("The generation thread is not running.")
+        spec = self.provider.resolve(requested)
+        return spec, self.provider.tokenizer(spec)
+
+    def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):
+        template_args, template = self.config.chat_template_args, self.config.chat_template
+        if not spec.vision:
+            return render_chat(tokenizer, request, template_args, template, injected), None
+        vision = VisionChat(tokenizer, self.provider.processor(spec), spec.path, self._limits())
+        return render_vision_chat(vision, request, template_args, template, injected)
+
+    def _limits(self) -> ImageLimits:
+        config = self.config
+        return ImageLimits(
+            max_bytes=config.max_image_bytes,
+            max_pixels=config.max_image_pixels,
+            fetch_timeout=config.image_fetch_timeout,
+            allowed_dirs=(*config.image_dirs, *config.model_dirs),
+        )
+
+
+def _usable(grammar: Grammar | None, spec: ModelSpec) -> Grammar | None:
+    """Speculative decoding feeds the logits processors draft tokens it may take back,
+    which a grammar's matcher cannot follow."""
+    if grammar is not None and spec.draft_path is not None:
+        raise bad_request(
+            "Constrained decoding is not available on a server started with --draft-model."
+        )
+    return grammar
+
+
+def _reasoning_budget(budget: int, tokenizer, prompt: list[int], markup: ChatMarkup):
+    """The budget in this model's reasoning markup; None when the model has none (then
+    there is no reasoning to cap)."""
+    markers = reasoning_markers(markup)
+    if markers is None:
+        return None
+    opening, closing = (tuple(tokenizer.encode(m, add_special_tokens=False)) for m in markers)
+    opened = markup.think is not None and starts_in_reasoning(tokenizer, prompt, markup.think)
+    return ReasoningBudget(budget, opening, closing, opened)
+
+
+def _params(
+    request: GenerationRequest, config: ServerConfig, tokenizer, grammar: Grammar | None
+) -> GenerationParams:
+    sampling, defaults = request.sampling, config.defaults
+    if any(token >= len(tokenizer) for token in sampling.logit_bias):
+        raise bad_request(
+            f"logit_bias token ids must be below {len(tokenizer)}.", param="logit_bias"
+        )
+
+    def pick(value, default):
+        return default if value is None else value
+
+    return GenerationParams(
+        max_tokens=pick(request.max_tokens, defaults.max_tokens),
+        temperature=pick(sampling.temperature, defaults.temperature),
+        top_p=pick(sampling.top_p, defaults.top_p),
+        top_k=pick(sampling.top_k, defaults.top_k),
+        min_p=pick(sampling.min_p, defaults.min_p),
+        xtc_probability=pick(sampling.xtc_probability, 0.0),
+        xtc_threshold=pick(sampling.xtc_threshold, 0.0),
+        repetition_penalty=sampling.repetition_penalty,
+        repetition_context_size=sampling.repetition_context_size,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        logit_bias=dict(sampling.logit_bias),
+        seed=sampling.seed,
+        stop=request.stop,
+        logprobs=request.logprobs,
+        grammar=grammar,
+    )
+
+
+def _sibling_seed(params: GenerationParams, sibling: int) -> GenerationParams:
+    """Choice j of a seeded request draws from seed + j: the n choices differ from each
+    other, the first equals the same request with n = 1, and all are reproducible."""
+    if sibling == 0 or params.seed is None:
+        return params
+    return replace(params, seed=params.seed + sibling)

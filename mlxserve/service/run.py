@@ -1,0 +1,164 @@
+"""Runs a request's choices on the generation thread (together, so they batch) and turns
+their token events into post-processed steps. Dialects render the steps as they come (a
+stream) or the accumulated choices at the end (a whole reply): the same events either way."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxserve.engine.jobs import ErrorEvent, FinishEvent, GenerationJob, PromptImages, TokenEvent
+from mlxserve.engine.sampling import GenerationParams
+from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.provider import ModelSpec
+from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
+from mlxserve.protocol.errors import ClientGone, unavailable
+from mlxserve.service.results import Choice, TokenLogprob, Usage
+
+POLL_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class ChoicePlan:
+    index: int
+    prompt: list[int]
+    params: GenerationParams
+    counts_prompt: bool  # the first choice of its prompt: its prompt counts in usage
+    images: PromptImages | None = None  # a vision model's prompt images
+
+
+@dataclass
+class Step:
+    """What one generation event did to a choice: the output events it added (already
+    applied to `choice`), its logprob entries, and whether the choice is now finished."""
+
+    choice: Choice
+    events: list[Event]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass
+class _ChoiceState:
+    plan: ChoicePlan
+    choice: Choice
+    output: Any  # the choice's output pipeline (postprocess)
+
+
+class GenerationRun:
+    def __init__(
+        self,
+        worker: GenerationWorker,
+        spec: ModelSpec,
+        plans: list[ChoicePlan],
+        num_draft_tokens: int,
+        client_gone: Callable[[], bool],
+        make_output: Callable[[list[int]], Any],
+    ):
+        self._worker = worker
+        self._spec = spec
+        self._plans = plans
+        self._num_draft_tokens = num_draft_tokens
+        self._client_gone = client_gone
+        self._make_output = make_output
+        self.usage = Usage()
+
+    def collect(self) -> list[Choice]:
+        """Run every choice to the end; the choices in index order."""
+        finished = {step.choice.index: step.choice for step in self.steps() if step.finished}
+        return [finished[i] for i in sorted(finished)]
+
+    def steps(self, on_idle: Callable[[], None] = lambda: None) -> Iterator[Step]:
+        """A step for each generation event of any choice; `on_idle` is called while
+        nothing arrives (a long prompt is being processed, or the request waits)."""
+        states = {
+            plan.index: _ChoiceState(
+                plan,
+                Choice(plan.index, logprobs=[] if plan.params.logprobs is not None else None),
+                self._make_output(plan.prompt),
+            )
+            for plan in self._plans
+        }
+        for index, event in self._events(on_idle):
+            state = states[index]
+            choice, output = state.choice, state.output
+            was_reasoning = output.in_reasoning
+            step = Step(choice, output.feed(event.text))
+            if isinstance(event, TokenEvent):
+                if was_reasoning or any(isinstance(i, Reasoning) for i in step.events):
+                    choice.reasoning_tokens += 1
+                if choice.logprobs is not None and event.logprob is not None:
+                    step.logprobs = [_entry(event)]
+                    choice.logprobs += step.logprobs
+            else:
+                step.events += output.finish()
+                self._finish(state, event, step)
+            for item in step.events:
+                choice.add(item)
+            yield step
+
+    def _finish(self, state: _ChoiceState, event: FinishEvent, step: Step) -> None:
+        choice = state.choice
+        choice.finish_reason = event.finish_reason
+        choice.stop_sequence = event.stop_sequence
+        if event.finish_reason == "stop" and (
+            choice.tool_calls or any(isinstance(i, ToolCallStart) for i in step.events)
+        ):
+            choice.finish_reason = "tool_calls"
+        step.finished = True
+        self.usage.reasoning_tokens += choice.reasoning_tokens
+        self.usage.completion_tokens += event.completion_tokens
+        if state.plan.counts_prompt:
+            self.usage.prompt_tokens += event.prompt_tokens
+            self.usage.cached_tokens += event.cached_tokens
+
+    def _events(self, on_idle: Callable[[], None]) -> Iterator[tuple[int, Any]]:
+        """(choice index, event) up to every choice's FinishEvent; cancels the jobs left
+        if the client goes or an error ends the request."""
+        events: queue.Queue = queue.Queue()
+        jobs = {
+            plan.index: GenerationJob(
+                self._spec,
+                plan.prompt,
+                plan.params,
+                plan.index,
+                self._num_draft_tokens,
+                images=plan.images,
+                events=events,
+            )
+            for plan in self._plans
+        }
+        submitted = list(jobs.values())
+        self._worker.submit(submitted)
+        last_check = time.monotonic()
+        try:
+            while jobs:
+                try:
+                    index, event = events.get(timeout=POLL_SECONDS)
+                except queue.Empty:
+                    index, event = None, None
+                if time.monotonic() - last_check >= POLL_SECONDS:
+                    last_check = time.monotonic()
+                    if self._client_gone():
+                        raise ClientGone
+                if event is None:
+                    if not self._worker.alive:  # nothing will ever answer these jobs
+                        raise unavailable("The generation thread has stopped.")
+                    on_idle()
+                    continue
+                if isinstance(event, ErrorEvent):
+                    raise event.error
+                if isinstance(event, FinishEvent):
+                    del jobs[index]
+                yield index, event
+        finally:
+            for job in jobs.values():
+                job.cancel()
+            self._worker.release(submitted)
+
+
+def _entry(event: TokenEvent) -> TokenLogprob:
+    return TokenLogprob(event.token, event.logprob, event.top_logprobs or [])
