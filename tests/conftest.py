@@ -105,6 +105,12 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def agent_model() -> Path:
+    """A Qwen3-architecture model that answers any prompt with AGENT_REPLY."""
+    return fixture_models.build(fixture_models.TINY_AGENT, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
 def gemma_model() -> Path:
     """A model whose Gemma-style template has no tools and no system role."""
     return fixture_models.build(fixture_models.TINY_GEMMA, cache_root() / "fixtures")

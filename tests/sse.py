@@ -88,3 +88,17 @@ def without_call_ids(message: dict) -> dict:
     for call in calls:
         assert call.pop("id").startswith("call_")
     return message
+
+
+def named_events(result: Stream) -> list[tuple[str, dict]]:
+    """(event name, payload) of a stream of typed events (Anthropic's), checking that
+    each `data:` line follows its own `event:` line and names the same type."""
+    events = []
+    lines = [line for line in result.lines if not line.startswith(":")]
+    assert len(lines) % 2 == 0, lines
+    for name_line, data_line in zip(lines[::2], lines[1::2], strict=True):
+        assert name_line.startswith("event: ") and data_line.startswith("data: "), lines
+        name, payload = name_line[len("event: ") :], json.loads(data_line[len("data: ") :])
+        assert payload["type"] == name
+        events.append((name, payload))
+    return events

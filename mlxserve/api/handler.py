@@ -199,6 +199,8 @@ class APIHandler(BaseHTTPRequestHandler):
             return
         if reply.status >= 500:
             log.error("%s %s -> %d: %s", self.command, self.path, reply.status, reply.error)
+        else:  # why a client was refused, for the operator reading the log
+            log.info("%s %s -> %d: %s", self.command, self.path, reply.status, reply.error)
         self._send_json(reply.status, reply.body, reply.headers)
 
     def log_message(self, format: str, *args) -> None:

@@ -78,7 +78,8 @@ Block = Annotated[
 
 
 class Message(Strict):
-    role: Literal["user", "assistant"]
+    # Claude Code also sends system turns among the messages (environment notes).
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
@@ -172,12 +173,23 @@ def _system(system: str | list[TextBlock] | None) -> tuple[neutral.Message, ...]
     return (neutral.Message("system", text, "system"),)
 
 
+def _system_text(blocks: list, param: str) -> str:
+    for j, block in enumerate(blocks):
+        if not isinstance(block, TextBlock):
+            raise bad_request(
+                f"A {block.type} block cannot stand in a system message.", f"{param}.content[{j}]"
+            )
+    return "\n".join(block.text for block in blocks)
+
+
 def _messages(messages: list[Message]) -> tuple[neutral.Message, ...]:
     out: list[neutral.Message] = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
         if isinstance(message.content, str):
             out.append(neutral.Message(message.role, message.content, param))
+        elif message.role == "system":
+            out.append(neutral.Message("system", _system_text(message.content, param), param))
         elif message.role == "user":
             out += _user_turn(message.content, param)
         else:

@@ -1,0 +1,554 @@
+"""The Anthropic Messages API end to end: the official SDK and raw HTTP against the
+trained fixture models, asserting exact content blocks, stop reasons, usage and errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+
+import anthropic
+import pytest
+from conversations import (
+    BY_NAME,
+    GEMMA_BY_NAME,
+    HARMONY_BY_NAME,
+    WEATHER_TOOL,
+    square_png,
+)
+from sse import named_events, stream
+from test_http import endless
+
+MESSAGES = "/v1/messages"
+COUNT = "/v1/messages/count_tokens"
+CHAT = "/v1/chat/completions"
+WEATHER = {
+    "name": WEATHER_TOOL["function"]["name"],
+    "description": WEATHER_TOOL["function"]["description"],
+    "input_schema": WEATHER_TOOL["function"]["parameters"],
+}
+
+
+def client(srv, max_retries: int = 0) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=max_retries)
+
+
+def body(conv, **extra) -> dict:
+    """The Anthropic request for a fixture conversation of user (and system) turns."""
+    system = [m["content"] for m in conv.messages if m["role"] == "system"]
+    request: dict = {
+        "model": "default",
+        "max_tokens": 200,
+        "messages": [m for m in conv.messages if m["role"] != "system"],
+    }
+    if system:
+        request["system"] = system[0]
+    if conv.tools:
+        request["tools"] = [WEATHER]
+    return {**request, **extra}
+
+
+def blocks(message) -> list[dict]:
+    """Content blocks as plain dicts, tool_use ids checked and left out."""
+    out = []
+    for block in message.content:
+        item = block.model_dump(exclude_none=True)
+        if item["type"] == "tool_use":
+            assert item.pop("id").startswith("toolu_")
+        out.append(item)
+    return out
+
+
+def expected_blocks(conv) -> list[dict]:
+    """What the conversation's reply is as Anthropic content blocks (signatures aside)."""
+    out: list[dict] = []
+    if conv.reasoning:
+        out.append({"type": "thinking", "thinking": conv.reasoning})
+    content = conv.reply if conv.content is None and not conv.calls else conv.content
+    if content:
+        out.append({"type": "text", "text": content})
+    for name, arguments in conv.calls:
+        out.append({"type": "tool_use", "name": name, "input": json.loads(arguments)})
+    return out
+
+
+def without_signatures(items: list[dict]) -> list[dict]:
+    for item in items:
+        if item["type"] == "thinking":
+            assert item.pop("signature").startswith("mlxserve-v1.")
+    return items
+
+
+# Whole replies and streams ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["capital", "system", "unicode", "think", "tool_call", "parallel_tool_calls"]
+)
+def test_replies_match_the_conversation_whole_and_streamed(server, name):
+    conv = BY_NAME[name]
+    sdk = client(server)
+    message = sdk.messages.create(**body(conv))
+    assert message.id.startswith("msg_") and message.type == "message"
+    assert message.role == "assistant" and message.model == "default"
+    assert without_signatures(blocks(message)) == expected_blocks(conv)
+    assert message.stop_reason == ("tool_use" if conv.calls else "end_turn")
+    assert message.stop_sequence is None
+    for block in message.content:
+        assert "<think>" not in getattr(block, "text", "") + getattr(block, "thinking", "")
+        assert "<tool_call>" not in getattr(block, "text", "")
+    with sdk.messages.stream(**body(conv)) as events:
+        streamed = events.get_final_message()
+    assert blocks(streamed) == blocks(message)
+    assert streamed.stop_reason == message.stop_reason
+    assert streamed.usage.output_tokens == message.usage.output_tokens
+    total = message.usage.input_tokens + message.usage.cache_read_input_tokens
+    assert streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens == total
+
+
+def test_stream_wire_format(server):
+    """Every event is an `event:` line and a `data:` line of the same type, blocks open,
+    fill and close in order, thinking ends with its signature, and no [DONE]."""
+    conv = BY_NAME["think"]
+    result = stream(server.url, MESSAGES, body(conv))
+    assert result.status == 200
+    assert result.headers["Content-Type"].startswith("text/event-stream")
+    assert not any(line == "data: [DONE]" for line in result.lines)
+    events = named_events(result)
+    names = [name for name, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["id"].startswith("msg_") and start["usage"]["output_tokens"] == 0
+    opened = [(p["index"], p["content_block"]) for n, p in events if n == "content_block_start"]
+    assert opened == [
+        (0, {"type": "thinking", "thinking": "", "signature": ""}),
+        (1, {"type": "text", "text": ""}),
+    ]
+    deltas = [(p["index"], p["delta"]) for n, p in events if n == "content_block_delta"]
+    thinking = "".join(d.get("thinking", "") for i, d in deltas if i == 0)
+    text = "".join(d.get("text", "") for i, d in deltas if i == 1)
+    assert thinking == conv.reasoning and text == conv.content
+    signature = [d for _, d in deltas if d["type"] == "signature_delta"]
+    assert len(signature) == 1 and signature[0]["signature"].startswith("mlxserve-v1.")
+    # the signature comes last in the thinking block, just before it stops
+    assert names.index("content_block_stop") == names.index("content_block_delta") + sum(
+        1 for i, d in deltas if i == 0
+    )
+    assert [p["index"] for n, p in events if n == "content_block_stop"] == [0, 1]
+    final = events[-2][1]
+    assert final["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    assert final["usage"]["output_tokens"] > 0
+
+
+def test_tool_arguments_stream_as_json_fragments(server):
+    conv = BY_NAME["parallel_tool_calls"]
+    events = named_events(stream(server.url, MESSAGES, body(conv)))
+    starts = [p for n, p in events if n == "content_block_start"]
+    assert [s["content_block"]["name"] for s in starts] == ["get_weather", "get_weather"]
+    for start, (_, arguments) in zip(starts, conv.calls, strict=True):
+        block = start["content_block"]
+        assert block["type"] == "tool_use" and block["input"] == {}
+        assert block["id"].startswith("toolu_")
+        fragments = [
+            p["delta"]["partial_json"]
+            for n, p in events
+            if n == "content_block_delta" and p["index"] == start["index"]
+        ]
+        assert len(fragments) > 1  # streamed as written, not in one piece
+        assert "".join(fragments) == arguments
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_raw_http_reply_shape(server):
+    status, headers, reply = server.post(MESSAGES, body(BY_NAME["capital"]))
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert set(reply) == {
+        "id",
+        "type",
+        "role",
+        "model",
+        "content",
+        "stop_reason",
+        "stop_sequence",
+        "usage",
+    }
+    assert reply["content"] == [{"type": "text", "text": BY_NAME["capital"].reply}]
+    usage = reply["usage"]
+    assert set(usage) == {
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    }
+    assert usage["cache_creation_input_tokens"] == 0
+
+
+# Tools --------------------------------------------------------------------------------
+
+
+def test_tool_result_turn_on_injected_tools(gemma):
+    """A tool_use / tool_result exchange reaches a template without tools (tiny-gemma)
+    exactly as the OpenAI dialect sends it, and the model answers from the result."""
+    conv = GEMMA_BY_NAME["tool_result"]
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "call_0",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "Sunny, 21 C"}],
+        },
+    ]
+    request = {"model": "default", "max_tokens": 100, "messages": messages, "tools": [WEATHER]}
+    message = client(gemma).messages.create(**request)
+    assert blocks(message) == [{"type": "text", "text": conv.reply}]
+    assert message.stop_reason == "end_turn"
+    # the same prompt as the OpenAI dialect renders for this conversation
+    anthropic_count = client(gemma).messages.count_tokens(
+        model="default", messages=messages, tools=[WEATHER]
+    )
+    status, _, openai_reply = gemma.post(CHAT, {**conv.request, "max_tokens": 1})
+    assert status == 200
+    assert anthropic_count.input_tokens == openai_reply["usage"]["prompt_tokens"]
+
+
+def test_injected_tool_call(gemma):
+    conv = GEMMA_BY_NAME["tool_call"]
+    message = client(gemma).messages.create(**body(conv))
+    assert blocks(message) == expected_blocks(conv)
+    assert message.stop_reason == "tool_use"
+    assert "tool_code" not in message.content[0].text
+
+
+@pytest.mark.parametrize(
+    "choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"]
+)
+def test_forced_tool_choice(server, choice):
+    """The capital question, which the model answers in text, gets a tool call instead."""
+    request = body(BY_NAME["capital"], tools=[WEATHER], tool_choice=choice)
+    message = client(server).messages.create(**request)
+    assert [b.type for b in message.content] == ["tool_use"]
+    call = message.content[0]
+    assert call.name == "get_weather" and isinstance(call.input.get("city"), str)
+    assert message.stop_reason == "tool_use"
+
+
+def test_tool_choice_none_answers_in_text(server):
+    request = body(BY_NAME["tool_call"], tool_choice={"type": "none"})
+    message = client(server).messages.create(**request)
+    assert all(b.type == "text" for b in message.content)
+
+
+def test_disable_parallel_tool_use_keeps_one_call(server):
+    request = body(
+        BY_NAME["parallel_tool_calls"],
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+    )
+    message = client(server).messages.create(**request)
+    assert blocks(message) == [
+        {"type": "tool_use", "name": "get_weather", "input": {"city": "Paris"}}
+    ]
+
+
+# Thinking -----------------------------------------------------------------------------
+
+
+def test_thinking_sent_back_is_reasoning_only_with_this_servers_signature(server):
+    conv = BY_NAME["think"]
+    first = client(server).messages.create(**body(conv))
+    thinking = first.content[0]
+
+    def count(block: dict) -> int:
+        history = [
+            *conv.messages,
+            {"role": "assistant", "content": [block, {"type": "text", "text": "The answer is 4."}]},
+            {"role": "user", "content": "Count to five."},
+        ]
+        return client(server).messages.count_tokens(model="default", messages=history).input_tokens
+
+    signed = {"type": "thinking", "thinking": thinking.thinking, "signature": thinking.signature}
+    forged = {**signed, "signature": "mlxserve-v1.forged"}
+    other = {**signed, "thinking": "Something else entirely."}
+    redacted = {"type": "redacted_thinking", "data": "opaque"}
+    without = count(redacted)
+    assert count(signed) > without
+    assert count(forged) == count(other) == without
+
+
+def test_thinking_budget_cuts_reasoning_then_answers(server):
+    conv = BY_NAME["think"]
+    full = client(server).messages.create(**body(conv))
+    cut = client(server).messages.create(
+        **body(conv, thinking={"type": "enabled", "budget_tokens": 3})
+    )
+    reasoning = cut.content[0]
+    assert reasoning.type == "thinking"
+    assert full.content[0].thinking.startswith(reasoning.thinking.strip())
+    assert len(reasoning.thinking) < len(full.content[0].thinking)
+    assert cut.content[-1].type == "text"  # the reply goes on after the forced close
+
+
+def test_thinking_switch_reaches_the_template(server):
+    messages = BY_NAME["think"].messages
+    sdk = client(server)
+    default = sdk.messages.count_tokens(model="default", messages=messages).input_tokens
+    enabled = sdk.messages.count_tokens(
+        model="default", messages=messages, thinking={"type": "enabled", "budget_tokens": 10}
+    ).input_tokens
+    disabled = sdk.messages.count_tokens(
+        model="default", messages=messages, thinking={"type": "disabled"}
+    ).input_tokens
+    assert default == enabled and disabled > default  # the template writes an empty block
+
+
+def test_harmony_reasoning_and_tool_call(harmony):
+    for name in ("capital", "tool_call"):
+        conv = HARMONY_BY_NAME[name]
+        message = client(harmony).messages.create(**body(conv))
+        assert without_signatures(blocks(message)) == expected_blocks(conv)
+        assert "<|channel|>" not in str(blocks(message))
+
+
+# Stops, limits, counting -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_stop_sequence(server, streamed):
+    request = body(BY_NAME["capital"], stop_sequences=["France"])
+    sdk = client(server)
+    if streamed:
+        with sdk.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = sdk.messages.create(**request)
+    assert blocks(message) == [{"type": "text", "text": "The capital of "}]
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "France"
+
+
+def test_max_tokens(server):
+    message = client(server).messages.create(**body(BY_NAME["story"], max_tokens=3))
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 3
+    assert BY_NAME["story"].reply.startswith(message.content[0].text)
+
+
+def test_count_tokens_equals_the_prompt_of_the_request(server):
+    conv = BY_NAME["tool_call"]
+    request = body(conv)
+    counted = client(server).messages.count_tokens(
+        model="default", messages=request["messages"], tools=request["tools"]
+    )
+    message = client(server).messages.create(**request)
+    usage = message.usage
+    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens
+    status, _, raw = server.post(COUNT, {"model": "default", "messages": request["messages"]})
+    assert status == 200 and set(raw) == {"input_tokens"}
+
+
+def test_cache_read_tokens_on_a_repeated_prompt(launch, tiny_model):
+    srv = launch(tiny_model)
+    request = body(BY_NAME["capital"])
+    first = client(srv).messages.create(**request).usage
+    second = client(srv).messages.create(**request).usage
+    assert first.cache_read_input_tokens == 0
+    assert second.cache_read_input_tokens > 0
+    assert second.input_tokens + second.cache_read_input_tokens == first.input_tokens
+
+
+def test_image_to_a_vision_model(vision):
+    data = base64.b64encode(square_png("red")).decode()
+    content = [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+        {"type": "text", "text": "What colour is the square?"},
+    ]
+    message = client(vision).messages.create(
+        model="default", max_tokens=20, messages=[{"role": "user", "content": content}]
+    )
+    assert blocks(message) == [{"type": "text", "text": "Red."}]
+
+
+# Names, keepalive, errors -------------------------------------------------------------------
+
+
+def test_model_alias_answers_claude_names(launch, tiny_model):
+    srv = launch(tiny_model, "--model-alias", "claude-*=default", "--model-alias", "small=default")
+    conv = BY_NAME["capital"]
+    for name in ("claude-sonnet-4-5", "claude-3-5-haiku-latest", "small"):
+        message = client(srv).messages.create(**body(conv, model=name))
+        assert message.model == name and message.content[0].text == conv.reply
+    with pytest.raises(anthropic.NotFoundError) as refused:
+        client(srv).messages.create(**body(conv, model="gpt-4o"))
+    assert refused.value.body["error"]["type"] == "not_found_error"
+
+
+def test_ping_while_waiting(launch, tiny_model):
+    """A request waiting for a slot gets message_start and pings, then its message."""
+    single = launch(tiny_model, "--max-concurrent", "1", "--keepalive-seconds", "0.3")
+    busy = threading.Thread(target=single.post, args=(CHAT, endless(tiny_model, max_tokens=1500)))
+    busy.start()
+    time.sleep(0.3)
+    events = named_events(stream(single.url, MESSAGES, body(BY_NAME["capital"])))
+    busy.join()
+    names = [name for name, _ in events]
+    assert names[0] == "message_start" and names[1] == "ping"
+    assert names.index("content_block_start") > names.index("ping")
+    assert names[-1] == "message_stop"
+
+
+ERRORS = [
+    ({"model": "default", "messages": [{"role": "user", "content": "Hi"}]}, "max_tokens"),
+    ({"model": "default", "max_tokens": 5, "messages": []}, "messages"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}, "model"),
+    (
+        {"model": "default", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
+        "messages[0].role",
+    ),
+    (
+        {
+            "model": "default",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}],
+        },
+        "messages[0].content",
+    ),
+    (
+        {
+            "model": "default",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "temperature": 1.5,
+        },
+        "temperature",
+    ),
+    (
+        {
+            "model": "default",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search", "input_schema": {}}],
+        },
+        "web_search",
+    ),
+    (
+        {
+            "model": "default",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [WEATHER],
+            "tool_choice": {"type": "tool"},
+        },
+        "name",
+    ),
+    (
+        {
+            "model": "default",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "thinking": {"type": "enabled"},
+        },
+        "budget_tokens",
+    ),
+    (
+        {
+            "model": "default",
+            "max_tokens": 5,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}
+                    ],
+                }
+            ],
+        },
+        "images",
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_body", "mentions"), ERRORS)
+def test_client_mistakes_are_400_in_anthropic_shape(server, request_body, mentions):
+    status, _, reply = server.post(MESSAGES, request_body)
+    assert status == 400, reply
+    assert reply["type"] == "error" and reply["error"]["type"] == "invalid_request_error"
+    assert mentions in reply["error"]["message"]
+    assert set(reply) == {"type", "error"} and set(reply["error"]) == {"type", "message"}
+
+
+def test_sdk_errors_and_server_stays_up(server):
+    sdk = client(server)
+    with pytest.raises(anthropic.BadRequestError):
+        sdk.messages.create(
+            model="default", max_tokens=0, messages=[{"role": "user", "content": "x"}]
+        )
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        sdk.messages.create(
+            model="no-such-model", max_tokens=5, messages=BY_NAME["capital"].messages
+        )
+    assert missing.value.body["error"]["type"] == "not_found_error"
+    status, _, reply = server.post(MESSAGES, b"{not json")
+    assert status == 400 and reply["error"]["type"] == "invalid_request_error"
+    status, _, reply = server.get(MESSAGES)
+    assert status == 405 and reply["type"] == "error"
+    assert (
+        sdk.messages.create(**body(BY_NAME["capital"])).content[0].text == BY_NAME["capital"].reply
+    )
+
+
+def test_api_key_by_x_api_key_or_bearer(launch, tiny_model):
+    srv = launch(tiny_model, "--api-key", "sekret")
+    request = body(BY_NAME["capital"])
+    status, _, reply = srv.post(MESSAGES, request)
+    assert status == 401 and reply["error"]["type"] == "authentication_error"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).messages.create(
+            **request
+        )
+    by_header = anthropic.Anthropic(base_url=srv.url, api_key="sekret").messages.create(**request)
+    by_bearer = anthropic.Anthropic(base_url=srv.url, auth_token="sekret").messages.create(
+        **request
+    )
+    assert by_header.content == by_bearer.content
+    status, _, _ = srv.post(
+        MESSAGES, request, {"x-api-key": "sekret", "anthropic-version": "2023-06-01"}
+    )
+    assert status == 200
+
+
+def test_body_too_large_is_413_request_too_large(launch, tiny_model):
+    srv = launch(tiny_model, "--max-body-bytes", "1000")
+    status, _, reply = srv.post(MESSAGES, body(BY_NAME["capital"], system="x" * 2000))
+    assert status == 413 and reply["error"]["type"] == "request_too_large"
+
+
+def test_a_full_server_answers_529_overloaded(launch, tiny_model):
+    from test_scheduling import TimedStream
+
+    srv = launch(tiny_model, "--max-concurrent", "1", "--max-queue", "1")
+    holders = [TimedStream(srv, endless(tiny_model, max_tokens=100_000))]
+    while not holders[0].data_times():
+        time.sleep(0.01)
+    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=100_000)))
+    try:
+        status, headers, reply = srv.post(MESSAGES, body(BY_NAME["capital"]))
+        assert status == 529 and headers["Retry-After"] == "1"
+        assert reply["error"]["type"] == "overloaded_error"
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            client(srv).messages.create(**body(BY_NAME["capital"]))
+        assert refused.value.status_code == 529
+    finally:
+        for holder in holders:
+            holder.close()
+    patient = client(srv, max_retries=5)  # the SDK retries 529 and is served
+    reply = patient.messages.create(**body(BY_NAME["capital"]))
+    assert reply.content[0].text == BY_NAME["capital"].reply
