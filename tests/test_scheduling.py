@@ -158,11 +158,13 @@ def test_an_abandoned_long_prompt_stops_and_keeps_what_was_processed(launch, tin
     """A client that leaves while its prompt is split across steps stops the processing;
     the part processed so far is reused by the next request with that prompt."""
     srv = launch(tiny_model, "--prefill-chunk", "4", "--keepalive-seconds", "0.2")
-    body = long_request(3000, max_tokens=1)
+    # Long enough that half a second of processing (about 1,000 tokens with OpenBLAS on
+    # two cores) is far from all of it.
+    body = long_request(6000, max_tokens=1)
     clock = endless_stream(srv, tiny_model, ENDS["tiny_model"])
     try:
         abandoned = TimedStream(srv, body)
-        time.sleep(1.0)
+        time.sleep(0.5)
         abandoned.close()
         time.sleep(0.5)
     finally:
