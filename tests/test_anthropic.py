@@ -286,17 +286,25 @@ def test_thinking_sent_back_is_reasoning_only_with_this_servers_signature(server
     assert count(forged) == count(other) == without
 
 
-def test_thinking_budget_cuts_reasoning_then_answers(server):
-    conv = BY_NAME["think"]
-    full = client(server).messages.create(**body(conv))
-    cut = client(server).messages.create(
+@pytest.mark.parametrize(
+    ("fixture", "conv"),
+    [("server", BY_NAME["think"]), ("harmony", HARMONY_BY_NAME["capital"])],
+    ids=["think-tags", "harmony"],
+)
+def test_thinking_budget_cuts_reasoning_then_answers(request, fixture, conv):
+    """At the budget the tokens that close reasoning are forced: `</think>`, or harmony's
+    end of the analysis message and the final channel's header."""
+    srv = request.getfixturevalue(fixture)
+    full = client(srv).messages.create(**body(conv))
+    cut = client(srv).messages.create(
         **body(conv, thinking={"type": "enabled", "budget_tokens": 3})
     )
     reasoning = cut.content[0]
     assert reasoning.type == "thinking"
     assert full.content[0].thinking.startswith(reasoning.thinking.strip())
-    assert len(reasoning.thinking) < len(full.content[0].thinking)
-    assert cut.content[-1].type == "text"  # the reply goes on after the forced close
+    assert 0 < len(reasoning.thinking) < len(full.content[0].thinking)
+    assert [b.type for b in cut.content] == ["thinking", "text"]  # then the answer
+    assert "<|channel|>" not in cut.content[1].text
 
 
 def test_thinking_switch_reaches_the_template(server):
