@@ -65,6 +65,25 @@ def test_cors_preflight_and_origin(server):
     assert headers["Access-Control-Allow-Origin"] == "*"
 
 
+def test_cors_preflight_allows_the_headers_asked_for(server):
+    """The SDKs in a browser send headers of their own (anthropic-version, x-stainless-*)."""
+    asked = "anthropic-version, x-api-key, x-stainless-os, content-type"
+    conn = connect(server)
+    conn.request(
+        "OPTIONS",
+        "/v1/messages",
+        headers={
+            "Origin": "http://ui.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": asked,
+        },
+    )
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 204
+    assert response.getheader("Access-Control-Allow-Headers") == asked
+
+
 def test_allowed_origins(launch, tiny_model):
     srv = launch(tiny_model, "--allowed-origins", "http://ui.example, http://other.example")
     _, headers, _ = srv.get("/v1/models", headers={"Origin": "http://ui.example"})

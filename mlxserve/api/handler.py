@@ -41,7 +41,9 @@ class APIHandler(BaseHTTPRequestHandler):
     def do_OPTIONS(self) -> None:
         self.send_response(204)
         self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-        self.send_header("Access-Control-Allow-Headers", ALLOWED_HEADERS)
+        # The SDKs in a browser also send their own x-stainless-* headers: allow what is asked.
+        asked = self.headers.get("Access-Control-Request-Headers")
+        self.send_header("Access-Control-Allow-Headers", asked or ALLOWED_HEADERS)
         self.send_header("Access-Control-Max-Age", "86400")
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -54,9 +56,10 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _handle(self, route) -> None:
         self.streaming = False
-        path = urlsplit(self.path).path.rstrip("/") or "/"
         routes: Routes = self.server.routes
+        path = "/"
         try:
+            path = urlsplit(self.path).path.rstrip("/") or "/"
             if path not in HEALTH_PATHS:
                 self._authorize()
             route(path)
