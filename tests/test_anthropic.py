@@ -185,6 +185,22 @@ def test_raw_http_reply_shape(server):
     assert usage["cache_creation_input_tokens"] == 0
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_prefilled_assistant_turn_is_continued(server, streamed):
+    """A conversation ending in an assistant turn gets that turn's continuation only."""
+    conv = BY_NAME["capital"]
+    prefill = {"role": "assistant", "content": "The capital of"}
+    request = body(conv, messages=[*conv.messages, prefill])
+    sdk = client(server)
+    if streamed:
+        with sdk.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = sdk.messages.create(**request)
+    assert blocks(message) == [{"type": "text", "text": " France is Paris."}]
+    assert message.stop_reason == "end_turn"
+
+
 # Tools --------------------------------------------------------------------------------
 
 

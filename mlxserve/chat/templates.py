@@ -56,10 +56,14 @@ def chat_text(
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
 
+    # A reply starts a new assistant turn, or continues the last one (a prefilled start).
+    if request.continue_final:
+        kwargs["continue_final_message"] = True
+    else:
+        kwargs["add_generation_prompt"] = True
+
     def apply(conversation: list[dict]) -> str:
-        return tokenizer.apply_chat_template(
-            conversation, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
-        )
+        return tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False, **kwargs)
 
     try:
         text = apply(messages)

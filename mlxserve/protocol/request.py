@@ -126,6 +126,7 @@ class ChatRequest(GenerationRequest):
     reasoning_effort: str | None = None  # low, medium or high
     template_kwargs: dict = field(default_factory=dict)  # extra chat template variables
     reasoning_budget: int | None = None  # most tokens of reasoning before the answer
+    continue_final: bool = False  # the reply continues the last (assistant) message
 
     @property
     def tool_definitions(self) -> list[dict] | None:

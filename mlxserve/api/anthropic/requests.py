@@ -150,6 +150,7 @@ def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
             "stop": tuple(wire.stop_sequences or ()),
         }
     thinking = wire.thinking
+    budget = thinking.budget_tokens if thinking and thinking.type == "enabled" else None
     effort = wire.output_config.effort if wire.output_config else None
     return neutral.ChatRequest(
         model=wire.model,
@@ -159,11 +160,16 @@ def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
         parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
         reasoning_effort=EFFORTS.get(effort) if effort else None,
         template_kwargs=_thinking_switch(thinking),
-        reasoning_budget=thinking.budget_tokens
-        if thinking and thinking.type == "enabled"
-        else None,
+        reasoning_budget=budget,
+        continue_final=_prefilled(wire.messages[-1]),
         **fields,
     )
+
+
+def _prefilled(last: Message) -> bool:
+    """A conversation that ends with an assistant turn of text asks for its continuation."""
+    blocks = [last.content] if isinstance(last.content, str) else last.content
+    return last.role == "assistant" and all(isinstance(b, str | TextBlock) for b in blocks)
 
 
 def _system(system: str | list[TextBlock] | None) -> tuple[neutral.Message, ...]:
