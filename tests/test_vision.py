@@ -55,6 +55,10 @@ class _Images(BaseHTTPRequestHandler):
             self._redirect("/" + name.removeprefix("moved/"))
         elif name == "loop":
             self._redirect("/loop")
+        elif name == "to-ftp":
+            self._redirect("ftp://127.0.0.1:9/red.png")
+        elif name == "to-file":
+            self._redirect("file:///etc/hostname")
         elif name == "text":
             self._send(200, b"hello, not an image", "text/plain")
         elif name == "big.png":
@@ -279,6 +283,8 @@ def test_bad_images_are_400_naming_the_part(vision, url, code):
         ("big.png", "image_too_large"),
         ("missing.png", "image_unreachable"),
         ("loop", "image_unreachable"),
+        ("to-ftp", "image_unreachable"),  # a redirect may not reach a scheme a URL may not
+        ("to-file", "image_unreachable"),
     ],
 )
 def test_bad_image_urls_are_400(vision, image_host, path, code):

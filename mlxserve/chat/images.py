@@ -86,7 +86,16 @@ def _data_uri(url: str, param: str) -> bytes:
 
 
 class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
+    """At most MAX_REDIRECTS, and only to http(s): urllib would also follow ftp://, a
+    scheme a request may not name directly."""
+
     max_redirections = MAX_REDIRECTS
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            raise urllib.error.URLError(f"a redirect to a {scheme}: URL")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 _OPENER = urllib.request.build_opener(_LimitedRedirects)
