@@ -173,19 +173,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def chat_template(value: str | None) -> str | None:
+    """--chat-template: Jinja text (it has {{ or {%), else the path of a file holding it; a
+    path that names no file is an error, not a template that prints the path."""
+    if value is None or "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        found = path.is_file()
+    except (OSError, ValueError):  # a name too long, a NUL byte
+        found = False
+    if not found:
+        raise SystemExit(f"mlxserve: --chat-template {value!r} is neither a file nor a template")
+    return path.read_text()
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if not isinstance(args.chat_template_args, dict):
         raise SystemExit("mlxserve: --chat-template-args must be a JSON object")
-    template = args.chat_template
-    if template and Path(template).is_file():
-        template = Path(template).read_text()
     return ServerConfig(
         model=args.model,
         model_aliases=tuple(args.model_alias),
         host=args.host,
         port=args.port,
         defaults=SamplingDefaults(args.temp, args.top_p, args.top_k, args.min_p, args.max_tokens),
-        chat_template=template,
+        chat_template=chat_template(args.chat_template),
         chat_template_args=args.chat_template_args,
         trust_remote_code=args.trust_remote_code,
         adapter_path=args.adapter_path,

@@ -39,8 +39,20 @@ def assert_error(response, status, param=None, code=None, type="invalid_request_
         b'"text"',
         b'{"messages": [{"role": "user", "content": "\\ud800 lone"}]}',
         b'{"prompt": "\\udfff"}',
+        b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"seed": ' + b"9" * 5000 + b', "messages": []}',
     ],
-    ids=["malformed", "invalid-utf8", "array", "empty", "string", "surrogate", "surrogate-prompt"],
+    ids=[
+        "malformed",
+        "invalid-utf8",
+        "array",
+        "empty",
+        "string",
+        "surrogate",
+        "surrogate-prompt",
+        "nested-too-deeply",
+        "integer-too-long",
+    ],
 )
 def test_bodies_that_are_not_a_json_object(server, raw):
     assert_error(server.post(CHAT, raw), 400)
@@ -71,6 +83,10 @@ def test_bodies_that_are_not_a_json_object(server, raw):
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"frequency_penalty": "x"}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        (
+            {"repetition_penalty": 1.1, "repetition_context_size": 1 << 62},
+            "repetition_context_size",
+        ),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
         ({"logit_bias": {"1": 500}}, "logit_bias.1"),
         ({"logit_bias": {"99999999": 1}}, "logit_bias"),
@@ -125,6 +141,13 @@ def test_unknown_model(server):
     response = server.post(CHAT, {"model": "nobody/nothing", "messages": MESSAGES})
     assert_error(response, 404, param="model", code="model_not_found")
     response = server.post("/v1/completions", {"model": "gpt-4", "prompt": "hi"})
+    assert_error(response, 404, param="model", code="model_not_found")
+
+
+def test_a_nul_byte_in_a_name_is_a_client_mistake(server):
+    response = server.post(CHAT, {"model": "bad\u0000name", "messages": MESSAGES})
+    assert_error(response, 404, param="model", code="model_not_found")
+    response = server.post(CHAT, {"model": "./bad\u0000name", "messages": MESSAGES})
     assert_error(response, 404, param="model", code="model_not_found")
 
 

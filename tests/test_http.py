@@ -143,6 +143,19 @@ def chunked_post(server, payload: bytes, piece: int = 7):
     return response.status, json.loads(response.read())
 
 
+def test_a_negative_chunk_size_is_a_400_not_a_hang(server):
+    """int("-5", 16) is -5, and reading -5 bytes reads to the end of the stream."""
+    conn = http.client.HTTPConnection(*urlsplit(server.url)[1].split(":"), timeout=10)
+    conn.putrequest("POST", CHAT)
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    conn.send(b"-5\r\n{}\r\n")
+    response = conn.getresponse()
+    assert response.status == 400
+    assert json.loads(response.read())["error"]["message"] == "Malformed chunked request body."
+
+
 def test_chunked_request_body(server, launch, tiny_model):
     status, body = chunked_post(server, json.dumps({"messages": MESSAGES}).encode())
     assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import mlx.core as mx
 from conversations import BY_NAME
@@ -31,6 +33,17 @@ def test_chat_template_from_a_file(launch, tiny_model, tmp_path):
     srv = launch(tiny_model, "--chat-template", str(template))
     body = reply(srv, [{"role": "user", "content": "Hello!"}])
     assert body["choices"][0]["message"]["content"] == BY_NAME["system"].reply
+
+
+def test_a_chat_template_path_that_names_no_file_stops_the_server(tiny_model, tmp_path):
+    """A mistyped path used to become the template text (every prompt was the path)."""
+    missing = str(tmp_path / "missing.jinja")
+    command = [sys.executable, "-m", "mlxserve", "--model", str(tiny_model), "--port", "0"]
+    done = subprocess.run(
+        [*command, "--chat-template", missing], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert f"--chat-template {missing!r} is neither a file nor a template" in done.stderr
 
 
 def test_chat_template_args_and_request_kwargs(server, launch, tiny_model):

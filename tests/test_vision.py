@@ -255,6 +255,7 @@ def test_disconnect_cancels_a_vision_generation(vision, vision_model):
     [
         ("/etc/hostname", "image_path_not_allowed"),
         ("file:///etc/passwd", "image_path_not_allowed"),
+        ("/tmp/red\u0000.png", "invalid_image"),
         ("data:text/plain;base64,aGVsbG8=", "invalid_image"),
         ("data:image/png;base64,!!!not-base64!!!", "invalid_image"),
         ("data:image/png,rawbytes", "invalid_image"),
@@ -283,14 +284,22 @@ def test_bad_images_are_400_naming_the_part(vision, url, code):
         ("big.png", "image_too_large"),
         ("missing.png", "image_unreachable"),
         ("loop", "image_unreachable"),
-        ("to-ftp", "image_unreachable"),  # a redirect may not reach a scheme a URL may not
-        ("to-file", "image_unreachable"),
     ],
 )
 def test_bad_image_urls_are_400(vision, image_host, path, code):
     assert_error(
         ask(vision, f"{image_host}/{path}"), 400, param="messages[0].content[0]", code=code
     )
+
+
+def test_a_redirect_is_followed_only_to_http(vision, image_host):
+    """A redirect may not reach a scheme that a URL in the request may not name (urllib
+    follows ftp:// and refuses file:// itself)."""
+    response = ask(vision, f"{image_host}/to-ftp")
+    assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
+    assert "a redirect to a ftp: URL" in response[2]["error"]["message"]
+    response = ask(vision, f"{image_host}/to-file")
+    assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
 
 
 def test_images_outside_user_turns_are_refused(vision):

@@ -135,8 +135,10 @@ class APIHandler(BaseHTTPRequestHandler):
             try:
                 size = int(line.split(b";")[0].strip(), 16)
             except ValueError:
+                size = -1
+            if size < 0:
                 self.close_connection = True
-                raise bad_request("Malformed chunked request body.") from None
+                raise bad_request("Malformed chunked request body.")
             if size == 0:
                 while self.rfile.readline(1024).strip():
                     pass

@@ -40,7 +40,9 @@ def parse_json_body(raw: bytes) -> dict:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise bad_request(f"The request body is not valid UTF-8: {e}") from e
-    except json.JSONDecodeError as e:
+    except RecursionError as e:
+        raise bad_request("The request body is nested too deeply.") from e
+    except ValueError as e:  # not JSON, or an integer too long to convert
         raise bad_request(f"The request body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")

@@ -120,7 +120,10 @@ def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
 
 
 def _local_file(path: Path, param: str, limits: ImageLimits) -> bytes:
-    resolved = path.expanduser().resolve()
+    try:
+        resolved = path.expanduser().resolve()
+    except (OSError, ValueError) as e:  # a NUL byte, a name too long
+        raise bad_request(f"Not a file path: {e}.", param=param, code="invalid_image") from e
     if not any(resolved.is_relative_to(root.resolve()) for root in limits.allowed_dirs):
         raise bad_request(
             "Local image files are only read from the folders given with --image-dir or "

@@ -136,8 +136,12 @@ class ModelProvider:
             candidates.insert(0, Path(requested).expanduser())
         roots = [self.default.path, *self._model_dirs]
         for candidate in candidates:
-            resolved = candidate.resolve()
-            if resolved.exists() and any(_is_inside(resolved, root) for root in roots):
+            try:
+                resolved = candidate.resolve()
+                found = resolved.exists()
+            except (OSError, ValueError):  # not a possible path (a NUL byte, too long)
+                continue
+            if found and any(_is_inside(resolved, root) for root in roots):
                 return resolved
         return None
 

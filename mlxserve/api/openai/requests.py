@@ -147,7 +147,9 @@ class GenerationRequest(Guided):
     xtc_probability: Probability | None = None
     xtc_threshold: Annotated[float, Field(ge=0.0, le=0.5)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    repetition_context_size: Annotated[int, Field(ge=1)] = 20
+    # Bounded: a window past any context is meaningless, and a huge one failed the whole
+    # batch's decode step (every request in flight got an error).
+    repetition_context_size: Annotated[int, Field(ge=1, le=1 << 20)] = 20
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
