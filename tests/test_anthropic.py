@@ -49,6 +49,14 @@ def body(conv, **extra) -> dict:
     return {**request, **extra}
 
 
+def ask(sdk: anthropic.Anthropic, request: dict, streamed: bool):
+    """The message, from `messages.create` or as `messages.stream` assembles it."""
+    if not streamed:
+        return sdk.messages.create(**request)
+    with sdk.messages.stream(**request) as events:
+        return events.get_final_message()
+
+
 def blocks(message) -> list[dict]:
     """Content blocks as plain dicts, tool_use ids checked and left out."""
     out = []
@@ -191,12 +199,7 @@ def test_a_prefilled_assistant_turn_is_continued(server, streamed):
     conv = BY_NAME["capital"]
     prefill = {"role": "assistant", "content": "The capital of"}
     request = body(conv, messages=[*conv.messages, prefill])
-    sdk = client(server)
-    if streamed:
-        with sdk.messages.stream(**request) as events:
-            message = events.get_final_message()
-    else:
-        message = sdk.messages.create(**request)
+    message = ask(client(server), request, streamed)
     assert blocks(message) == [{"type": "text", "text": " France is Paris."}]
     assert message.stop_reason == "end_turn"
 
@@ -350,12 +353,7 @@ def test_harmony_reasoning_and_tool_call(harmony):
 @pytest.mark.parametrize("streamed", [False, True])
 def test_stop_sequence(server, streamed):
     request = body(BY_NAME["capital"], stop_sequences=["France"])
-    sdk = client(server)
-    if streamed:
-        with sdk.messages.stream(**request) as events:
-            message = events.get_final_message()
-    else:
-        message = sdk.messages.create(**request)
+    message = ask(client(server), request, streamed)
     assert blocks(message) == [{"type": "text", "text": "The capital of "}]
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "France"
 
