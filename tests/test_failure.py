@@ -61,3 +61,36 @@ def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_
         server.shutdown()
         server.server_close()
         server.routes.service.worker.stop()
+
+
+def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
+    """An Anthropic stream that has begun ends with `event: error` in Anthropic's shape."""
+    from sse import named_events, stream
+
+    step, steps = batch.BatchSession.step, []
+
+    def fail_on_the_tenth(self) -> None:
+        steps.append(1)
+        if len(steps) == 10:
+            raise RuntimeError("injected failure")
+        step(self)
+
+    monkeypatch.setattr(batch.BatchSession, "step", fail_on_the_tenth)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    server = build_server(ServerConfig(model=str(tiny_model), port=0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    story = {"model": "default", "max_tokens": 300, "messages": BY_NAME["story"].messages}
+    try:
+        events = named_events(stream(server.url.removesuffix("/v1"), "/v1/messages", story))
+        assert [name for name, _ in events[:3]] == [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+        ]
+        assert events[-1][0] == "error"
+        error = events[-1][1]["error"]
+        assert error["type"] == "api_error" and "injected failure" in error["message"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.routes.service.worker.stop()
