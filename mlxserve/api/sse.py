@@ -30,6 +30,10 @@ class SSEWriter:
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
 
+    def silent_for(self, seconds: float) -> bool:
+        """Whether nothing was written for `seconds`: time for a keepalive."""
+        return time.monotonic() - self.last_write >= seconds
+
     def event(self, payload: dict, name: str | None = None) -> None:
         """A `data:` line with the payload; with `name`, an `event:` line before it."""
         data = f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from mlxserve.api.anthropic.requests import CountTokensRequest, MessagesRequest, chat_request
@@ -33,7 +32,7 @@ class AnthropicEndpoints:
         keepalive_seconds = self.service.config.keepalive_seconds
 
         def keepalive() -> None:
-            if time.monotonic() - sse.last_write >= keepalive_seconds:
+            if sse.silent_for(keepalive_seconds):
                 stream.ping()
 
         try:

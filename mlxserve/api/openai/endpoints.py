@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from mlxserve.api.openai.errors import error_body
@@ -63,7 +62,7 @@ class OpenAIEndpoints:
         keepalive_seconds = self.service.config.keepalive_seconds
 
         def keepalive() -> None:
-            if time.monotonic() - sse.last_write >= keepalive_seconds:
+            if sse.silent_for(keepalive_seconds):
                 sse.comment("keepalive")
 
         started: set[int] = set()
