@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,8 +69,14 @@ def _decode(raw: bytes, headers):
     return raw.decode("utf-8")
 
 
-def start_server(model: str | Path, *args: str, env: dict | None = None) -> Server:
-    """Start `python -m mlxserve` on a free port and wait until it says it is ready."""
+def start_server(
+    model: str | Path,
+    *args: str,
+    env: dict | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> Server:
+    """Start `python -m mlxserve` on a free port and wait until it says it is ready.
+    `preexec` runs in the child before it starts (to set resource limits)."""
     command = [sys.executable, "-m", "mlxserve", "--model", str(model), "--port", "0", *args]
     process = subprocess.Popen(
         command,
@@ -78,6 +84,7 @@ def start_server(model: str | Path, *args: str, env: dict | None = None) -> Serv
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        preexec_fn=preexec,
     )
     log: list[str] = []
     ready = threading.Event()
@@ -168,8 +175,8 @@ def launch() -> Iterator:
     """Start extra servers with their own flags; all are stopped after the test."""
     started: list[Server] = []
 
-    def _launch(model, *args, env=None) -> Server:
-        srv = start_server(model, *args, env=env)
+    def _launch(model, *args, env=None, preexec=None) -> Server:
+        srv = start_server(model, *args, env=env, preexec=preexec)
         started.append(srv)
         return srv
 

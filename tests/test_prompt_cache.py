@@ -3,6 +3,10 @@ survives a restart. Reused prefixes never change an answer."""
 
 from __future__ import annotations
 
+import os
+import resource
+from collections.abc import Callable
+
 import pytest
 from conftest import start_server
 from conversations import BY_NAME, LONG_ANSWER
@@ -120,3 +124,69 @@ def test_disk_tier_size_cap_and_damaged_files(launch, tiny_model, tmp_path):
     again = chat(srv, conv.messages)
     # Only the chat template's first tokens, shared with the count prompt still in memory.
     assert cached(again) < 5 and answer(again) == conv.reply
+
+
+def file_size_limit(nbytes: int) -> Callable[[], None]:
+    """A child-process limit on the size of any file it writes: a full disk, for one
+    process (Python ignores SIGXFSZ, so the write fails with EFBIG)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+
+def disk_health(srv) -> dict:
+    status, _, body = srv.get("/health")
+    assert status == 200 and body["status"] == "ok"
+    return body["prompt_cache_disk"]
+
+
+def test_a_full_disk_turns_the_tier_off_and_requests_go_on(launch, tiny_model, tmp_path):
+    folder = tmp_path / "prompt-cache"
+    srv = launch(
+        tiny_model,
+        *("--prompt-cache-size", "1", "--prompt-cache-dir", str(folder)),
+        preexec=file_size_limit(64 * 1024),
+    )
+    assert disk_health(srv) == {"enabled": True, "error": None}
+    a, b, c = BY_NAME["story"], BY_NAME["unicode"], BY_NAME["count"]
+    for conv in (a, b, c, a, b):  # every second request evicts (and tries to save) one
+        assert answer(chat(srv, conv.messages)) == conv.reply
+    health = disk_health(srv)
+    assert health["enabled"] is False and "could not write" in health["error"]
+    assert list(folder.iterdir()) == []  # no .partial file left behind
+    assert sum("disk tier turned off" in line for line in srv.log) == 1
+
+
+def test_a_folder_that_goes_away_turns_the_tier_off(launch, tiny_model, tmp_path):
+    folder = tmp_path / "prompt-cache"
+    srv = launch(tiny_model, "--prompt-cache-size", "1", "--prompt-cache-dir", str(folder))
+    folder.rmdir()
+    folder.write_text("not a folder any more")
+    a, b = BY_NAME["story"], BY_NAME["unicode"]
+    for conv in (a, b, a):
+        assert answer(chat(srv, conv.messages)) == conv.reply
+    assert disk_health(srv)["enabled"] is False
+
+
+def test_a_fifo_in_the_folder_does_not_block_start_up(launch, tiny_model, tmp_path):
+    folder = tmp_path / "prompt-cache"
+    folder.mkdir()
+    os.mkfifo(folder / f"{'0' * 32}.00000000.safetensors")
+    srv = launch(tiny_model, "--prompt-cache-dir", str(folder))
+    assert answer(chat(srv, BY_NAME["story"].messages)) == BY_NAME["story"].reply
+
+
+def test_a_file_with_zeroed_data_is_a_miss(launch, tiny_model, tmp_path):
+    folder = tmp_path / "prompt-cache"
+    conv = BY_NAME["story"]
+    first = launch(tiny_model, "--prompt-cache-dir", str(folder))
+    chat(first, conv.messages)
+    first.stop()
+    [saved] = folder.glob("*.safetensors")
+    data = bytearray(saved.read_bytes())
+    data_start = 8 + int.from_bytes(data[:8], "little")  # safetensors: u64 header length
+    data[data_start:] = bytes(len(data) - data_start)
+    saved.write_bytes(data)
+
+    restarted = launch(tiny_model, "--prompt-cache-dir", str(folder))
+    again = chat(restarted, conv.messages)
+    assert cached(again) == 0 and answer(again) == conv.reply
+    assert any("checksum" in line for line in restarted.log)

@@ -60,6 +60,15 @@ class PromptCache:
     def nbytes(self) -> int:
         return self._nbytes
 
+    @property
+    def disk_failure(self) -> str | None:
+        """Why the disk tier was turned off; None while it works (or when there is none)."""
+        return self._disk.failure if self._disk is not None else None
+
+    @property
+    def has_disk(self) -> bool:
+        return self._disk is not None
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -62,6 +62,10 @@ class GenerationWorker:
         self._thread.join(timeout=60)
 
     @property
+    def prompt_cache(self) -> PromptCache:
+        return self._cache
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self._serving.is_set()
 

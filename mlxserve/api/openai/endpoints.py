@@ -27,7 +27,12 @@ class OpenAIEndpoints:
         service = self.service
         if not service.worker.alive or service.provider.loaded is None:
             return 503, {"status": "unavailable"}
-        return 200, {"status": "ok", "model": service.provider.alias}
+        body = {"status": "ok", "model": service.provider.alias}
+        cache = service.worker.prompt_cache
+        if cache.has_disk:
+            failure = cache.disk_failure
+            body["prompt_cache_disk"] = {"enabled": failure is None, "error": failure}
+        return 200, body
 
     def models(self) -> dict:
         return {"object": "list", "data": self.service.provider.list_models()}
