@@ -138,7 +138,7 @@ def mixed(target: Target, w: Workload) -> dict[str, float]:
     stop = threading.Event()
     streams = [Reply(time.perf_counter()) for _ in range(4)]
     threads = [
-        threading.Thread(target=target.chat, args=(w.user(20), 100_000, w.logit_bias, r, stop))
+        threading.Thread(target=target.chat, args=(w.user(20), 30_000, w.logit_bias, r, stop))
         for r in streams
     ]
     for thread in threads:

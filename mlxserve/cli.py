@@ -53,6 +53,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=512, help="default max_tokens per request")
+    p.add_argument(
+        "--max-context",
+        type=positive_int,
+        help="most tokens a request may take, prompt and output together (default: the "
+        "context length in the model's config; this may only lower it)",
+    )
     p.add_argument("--chat-template", help="a Jinja chat template, or a file holding one")
     p.add_argument(
         "--chat-template-args",
@@ -72,6 +78,18 @@ def parser() -> argparse.ArgumentParser:
         help="a folder whose models clients may load (repeatable)",
     )
     p.add_argument("--allowed-origins", default="*", help="comma-separated CORS origins")
+    p.add_argument(
+        "--allowed-hosts",
+        help="comma-separated Host header names to answer, or '*' (default: loopback names "
+        "and host.docker.internal when bound to loopback, any name otherwise)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client may stay silent while sending a request (or idle between "
+        "requests on a kept-alive connection) before it is let go",
+    )
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
     p.add_argument(
         "--api-key",
@@ -188,6 +206,11 @@ def chat_template(value: str | None) -> str | None:
     return path.read_text()
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if not isinstance(args.chat_template_args, dict):
         raise SystemExit("mlxserve: --chat-template-args must be a JSON object")
@@ -197,6 +220,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         defaults=SamplingDefaults(args.temp, args.top_p, args.top_k, args.min_p, args.max_tokens),
+        max_context=args.max_context,
         chat_template=chat_template(args.chat_template),
         chat_template_args=args.chat_template_args,
         trust_remote_code=args.trust_remote_code,
@@ -204,7 +228,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         draft_model=args.draft_model,
         num_draft_tokens=args.num_draft_tokens,
         model_dirs=tuple(args.model_dir),
-        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+        allowed_origins=_names(args.allowed_origins),
+        allowed_hosts=_names(args.allowed_hosts) if args.allowed_hosts else None,
+        read_timeout=args.read_timeout,
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
         log_level=args.log_level,

@@ -25,6 +25,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    max_context: int | None = None  # None: each model's own context length
     chat_template: str | None = None
     chat_template_args: dict = field(default_factory=dict)
     trust_remote_code: bool = False
@@ -33,6 +34,9 @@ class ServerConfig:
     num_draft_tokens: int = 3
     model_dirs: tuple[Path, ...] = ()
     allowed_origins: tuple[str, ...] = ("*",)
+    # Host header names answered; None: loopback names when bound to loopback, else any
+    allowed_hosts: tuple[str, ...] | None = None
+    read_timeout: float = 60.0  # a client silent this long while sending is let go
     max_body_bytes: int = 16 * 1024 * 1024
     api_key: str | None = None
     log_level: str = "INFO"

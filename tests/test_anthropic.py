@@ -557,10 +557,10 @@ def test_a_full_server_answers_529_overloaded(launch, tiny_model):
     from test_scheduling import TimedStream
 
     srv = launch(tiny_model, "--max-concurrent", "1", "--max-queue", "1")
-    holders = [TimedStream(srv, endless(tiny_model, max_tokens=100_000))]
+    holders = [TimedStream(srv, endless(tiny_model, max_tokens=4000))]
     while not holders[0].data_times():
         time.sleep(0.01)
-    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=100_000)))
+    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=4000)))
     try:
         status, headers, reply = srv.post(MESSAGES, body(BY_NAME["capital"]))
         assert status == 529 and headers["Retry-After"] == "1"

@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conversations import BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS
+from conversations import AGENT_REPLY, BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS
 from sse import chat_message, open_stream, stream
 from test_http import endless
 
@@ -75,7 +75,7 @@ ENDS = {
 
 def endless_stream(srv, model, ends):
     """A stream that keeps the batch busy until it is closed."""
-    body = {**endless(model, ends, max_tokens=5000), "stream": True}
+    body = {**endless(model, ends, max_tokens=4000), "stream": True}
     conn, response = open_stream(srv.url, CHAT, body)
     assert response.status == 200
     response.readline()  # the stream has started: the batch is running
@@ -133,18 +133,18 @@ def test_streamed_n_choices_interleave_and_each_is_whole(server):
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
-def test_a_disconnected_client_frees_its_slot(launch, tiny_model, streamed):
-    """Room for one sequence: an abandoned request of 200,000 tokens must leave at once,
-    or the next request would wait for all of them."""
-    single = launch(tiny_model, "--max-concurrent", "1")
-    body = {**endless(tiny_model, max_tokens=200_000), "stream": streamed}
+def test_a_disconnected_client_frees_its_slot(launch, agent_model, streamed):
+    """Room for one sequence: an abandoned request of 130,000 tokens (the agent model's
+    context is long) must leave at once, or the next request would wait for all of them."""
+    single = launch(agent_model, "--max-concurrent", "1")
+    body = {**endless(agent_model, max_tokens=130_000), "stream": streamed}
     conn, response = open_stream(single.url, CHAT, body) if streamed else _post_only(single, body)
     if streamed:
         response.readline()
     time.sleep(0.5)  # the job is running
     conn.close()
     status, _, reply = single.post(CHAT, BY_NAME["capital"].request, timeout=60)
-    assert status == 200 and reply["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+    assert status == 200 and reply["choices"][0]["message"]["content"] == AGENT_REPLY
 
 
 def _post_only(srv, body: dict):

@@ -94,3 +94,35 @@ def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
         server.shutdown()
         server.server_close()
         server.routes.service.worker.stop()
+
+
+def test_a_bug_mid_stream_still_ends_the_stream_properly(tiny_model, monkeypatch):
+    """An unexpected exception while a stream is written (here: in the OpenAI chunk
+    renderer) ends it with an error event, `[DONE]` and the chunked body's last chunk."""
+    from sse import stream
+
+    from mlxserve.api.openai.responses import ChatFormat
+
+    event_chunk, chunks = ChatFormat.event_chunk, []
+
+    def fail_on_the_fifth(self, *args):
+        chunks.append(1)
+        if len(chunks) == 5:
+            raise KeyError("injected bug")
+        return event_chunk(self, *args)
+
+    monkeypatch.setattr(ChatFormat, "event_chunk", fail_on_the_fifth)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    server = build_server(ServerConfig(model=str(tiny_model), port=0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # stream() reads the body to its end: a cut chunked body raises IncompleteRead.
+        got = stream(server.url.removesuffix("/v1"), CHAT, BY_NAME["story"].request)
+        assert got.data[-1] == "[DONE]"
+        assert len(got.chunks) == 6  # the role chunk, four deltas, the error
+        error = got.chunks[-1]["error"]
+        assert error["type"] == "server_error" and "injected bug" in error["message"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.routes.service.worker.stop()

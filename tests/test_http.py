@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from conversations import BY_NAME
+from conftest import start_server
+from conversations import AGENT_REPLY, BY_NAME
 from sse import open_stream, stream
 from transformers import AutoTokenizer
 
@@ -186,32 +187,44 @@ def test_keepalive_comments_while_waiting(launch, tiny_model):
     )
 
 
-def test_stream_disconnect_cancels_generation(server, tiny_model):
+@pytest.fixture(scope="module")
+def long_context(agent_model):
+    """The agent model (a 131,072-token context): room for endless generations."""
+    srv = start_server(agent_model)
+    yield srv
+    srv.stop()
+
+
+def test_stream_disconnect_cancels_generation(long_context, agent_model):
+    srv = long_context
     conn, response = open_stream(
-        server.url, CHAT, endless(tiny_model, max_tokens=10**6, stream=True)
+        srv.url, CHAT, endless(agent_model, max_tokens=130_000, stream=True)
     )
     for _ in range(5):
         response.fp.readline()
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    # A million tokens would take many minutes: the next answer proves the slot is free.
-    status, _, body = server.post(CHAT, {"messages": MESSAGES}, timeout=60)
-    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
-    assert any("client closed the connection" in line for line in server.log)
+    # 130,000 tokens would take many minutes: the next answer proves the slot is free.
+    status, _, body = srv.post(CHAT, {"messages": MESSAGES}, timeout=60)
+    assert status == 200 and body["choices"][0]["message"]["content"] == AGENT_REPLY
+    assert any("client closed the connection" in line for line in srv.log)
 
 
-def test_non_stream_disconnect_cancels_generation(server, tiny_model):
-    parts = urlsplit(server.url)
-    payload = json.dumps(endless(tiny_model, max_tokens=10**6)).encode()
+def test_non_stream_disconnect_cancels_generation(long_context, agent_model):
+    srv = long_context
+    parts = urlsplit(srv.url)
+    payload = json.dumps(endless(agent_model, max_tokens=130_000)).encode()
     sock = socket.create_connection((parts.hostname, parts.port))
     sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
     )
     time.sleep(1.0)
     sock.close()
-    status, _, body = server.post(CHAT, {"messages": MESSAGES}, timeout=60)
-    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+    status, _, body = srv.post(CHAT, {"messages": MESSAGES}, timeout=60)
+    assert status == 200 and body["choices"][0]["message"]["content"] == AGENT_REPLY
+    assert not any(" 400" in line or " 403" in line for line in srv.log)
 
 
 def test_keep_alive_connection_serves_several_requests(server):

@@ -112,7 +112,7 @@ def test_running_streams_keep_decoding_while_a_long_prompt_is_processed(launch, 
     body = long_request(800, max_tokens=2)
     chunks = prompt_tokens(srv, body) // 16
     assert chunks >= 50
-    running = TimedStream(srv, endless(tiny_model, max_tokens=100_000))
+    running = TimedStream(srv, endless(tiny_model, max_tokens=4000))
     try:
         while len(running.data_times()) < 3:
             time.sleep(0.01)
@@ -138,7 +138,7 @@ def test_a_short_prompt_overtakes_a_long_one(launch, tiny_model):
         "--keepalive-seconds",
         "0.2",
     )
-    clock = TimedStream(srv, endless(tiny_model, max_tokens=100_000))
+    clock = TimedStream(srv, endless(tiny_model, max_tokens=4000))
     try:
         long = TimedStream(srv, long_request(3000, max_tokens=2))
         ticks = len(clock.data_times())
@@ -160,7 +160,7 @@ def test_an_abandoned_long_prompt_stops_and_keeps_what_was_processed(launch, tin
     srv = launch(tiny_model, "--prefill-chunk", "4", "--keepalive-seconds", "0.2")
     # Long enough that half a second of processing (about 1,000 tokens with OpenBLAS on
     # two cores) is far from all of it.
-    body = long_request(6000, max_tokens=1)
+    body = long_request(4000, max_tokens=1)
     clock = endless_stream(srv, tiny_model, ENDS["tiny_model"])
     try:
         abandoned = TimedStream(srv, body)
@@ -181,10 +181,10 @@ def test_a_full_server_answers_503_with_retry_after(launch, tiny_model):
     --max-queue 1: a third request is refused at once, and served once room is back."""
     srv = launch(tiny_model, "--max-concurrent", "1", "--max-queue", "1")
     model = server_model(srv)
-    holders = [TimedStream(srv, endless(tiny_model, max_tokens=100_000))]
+    holders = [TimedStream(srv, endless(tiny_model, max_tokens=4000))]
     while not holders[0].data_times():
         time.sleep(0.01)
-    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=100_000)))
+    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=4000)))
     time.sleep(0.3)
     try:
         status, headers, reply = srv.post(CHAT, BY_NAME["capital"].request)

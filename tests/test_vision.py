@@ -9,11 +9,13 @@ import random
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
+from conftest import start_server
 from conversations import (
     BY_NAME,
     COLOURS,
@@ -31,6 +33,11 @@ from transformers import AutoTokenizer
 CHAT = "/v1/chat/completions"
 VISION = {conv.name: conv for conv in VISION_CONVERSATIONS}
 SMALL_PROMPT_TOKENS = 21  # a 56x56 square (4 image tokens) and the question
+
+
+# A byte every 50 ms: each read waits far less than the fetch timeout, the whole square
+# takes several seconds.
+TRICKLE_SECONDS = 0.05
 
 
 def noise_png(size: int) -> bytes:
@@ -63,6 +70,8 @@ class _Images(BaseHTTPRequestHandler):
             self._send(200, b"hello, not an image", "text/plain")
         elif name == "big.png":
             self._send(200, noise_png(64), "image/png")
+        elif name == "slow.png":
+            self._trickle(square_png("red"), TRICKLE_SECONDS)
         else:
             self._send(404, b"no such file", "text/plain")
 
@@ -72,6 +81,16 @@ class _Images(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _trickle(self, body: bytes, seconds_per_byte: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for i in range(len(body)):
+            self.wfile.write(body[i : i + 1])
+            self.wfile.flush()
+            time.sleep(seconds_per_byte)
 
     def _redirect(self, location: str) -> None:
         self.send_response(302)
@@ -238,16 +257,18 @@ def test_disconnect_cancels_a_vision_generation(vision, vision_model):
     body = {
         "messages": colour_question(data_uri(square_png("red"))),
         "logit_bias": {str(end): -100},
-        "max_tokens": 10**6,
+        "max_tokens": 4000,  # all the 4,096-token context leaves
         "stream": True,
     }
     conn, response = open_stream(vision.url, CHAT, body)
+    assert response.status == 200
     for _ in range(5):
         response.fp.readline()
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    # A million tokens would take many minutes: the next answer proves the model is free.
+    # 4,000 tokens take most of a minute: the model is free for the next answer at once.
     assert answer(ask(vision, data_uri(square_png("blue")))) == "Blue."
+    assert any("client closed the connection" in line for line in vision.log)
 
 
 @pytest.mark.parametrize(
@@ -300,6 +321,32 @@ def test_a_redirect_is_followed_only_to_http(vision, image_host):
     assert "a redirect to a ftp: URL" in response[2]["error"]["message"]
     response = ask(vision, f"{image_host}/to-file")
     assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
+
+
+@pytest.fixture(scope="module")
+def quick_fetch(vision_model) -> Iterator:
+    """A vision server with a one-second image fetch timeout and the default byte limit."""
+    srv = start_server(vision_model, "--image-fetch-timeout", "1")
+    yield srv
+    srv.stop()
+
+
+def test_the_fetch_timeout_bounds_the_whole_fetch(quick_fetch, image_host):
+    """A server trickling its image (each read well inside the timeout) is cut off."""
+    assert len(square_png("red")) * TRICKLE_SECONDS > 3  # far beyond the 1 s timeout
+    response = ask(quick_fetch, f"{image_host}/slow.png")
+    assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
+    assert "longer than --image-fetch-timeout" in response[2]["error"]["message"]
+
+
+def test_a_decompression_bomb_is_refused_before_decoding(quick_fetch):
+    """100 megapixels in 12 KB of PNG: refused from its header, never decoded."""
+    buffer = io.BytesIO()
+    Image.new("1", (10_000, 10_000)).save(buffer, format="PNG")
+    assert len(buffer.getvalue()) < 20_000
+    response = ask(quick_fetch, data_uri(buffer.getvalue()))
+    assert_error(response, 400, param="messages[0].content[0]", code="image_too_large")
+    assert "10000x10000 pixels" in response[2]["error"]["message"]
 
 
 def test_images_outside_user_turns_are_refused(vision):

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
 from mlxserve.api.errors import ErrorReply
+from mlxserve.api.guards import body_framing, check_browser_post, check_host
 from mlxserve.api.routes import GET_PATHS, HEALTH_PATHS, MODELS_PATHS, Routes
 from mlxserve.protocol.errors import (
     ClientGone,
@@ -54,12 +55,21 @@ class APIHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._handle(self._post)
 
+    def setup(self) -> None:
+        # A client silent this long (an unfinished body, an idle kept-alive connection) is
+        # let go instead of holding a thread and a file descriptor forever.
+        self.timeout = self.server.config.read_timeout
+        super().setup()
+
     def _handle(self, route) -> None:
         self.streaming = False
+        self.body_read = False
         routes: Routes = self.server.routes
+        config = self.server.config
         path = "/"
         try:
             path = urlsplit(self.path).path.rstrip("/") or "/"
+            check_host(self.headers, config.allowed_hosts, config.host)
             if path not in HEALTH_PATHS:
                 self._authorize()
             route(path)
@@ -89,6 +99,7 @@ class APIHandler(BaseHTTPRequestHandler):
         if endpoint is None:
             self._unknown(path, GET_PATHS)
             return
+        check_browser_post(self.headers, self.server.config.allowed_origins)
         result = endpoint(self._read_body(), self)
         if result is not None:
             self._send_json(200, result)
@@ -118,15 +129,23 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes:
         limit = self.server.config.max_body_bytes
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(limit)
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            raise bad_request("Invalid Content-Length header.") from None
-        if length > limit:
+        framing = body_framing(self.headers)
+        if framing.length > limit:
             raise self._too_large(limit)
-        return self.rfile.read(length) if length > 0 else b""
+        try:
+            if framing.chunked:
+                body = self._read_chunked(limit)
+            else:
+                body = self.rfile.read(framing.length) if framing.length else b""
+        except TimeoutError:
+            self.close_connection = True
+            raise ServiceError(
+                ErrorKind.TIMEOUT,
+                f"The request body did not arrive within {self.timeout:g} seconds.",
+                code="request_timeout",
+            ) from None
+        self.body_read = True
+        return body
 
     def _read_chunked(self, limit: int) -> bytes:
         body = bytearray()
@@ -137,7 +156,6 @@ class APIHandler(BaseHTTPRequestHandler):
             except ValueError:
                 size = -1
             if size < 0:
-                self.close_connection = True
                 raise bad_request("Malformed chunked request body.")
             if size == 0:
                 while self.rfile.readline(1024).strip():
@@ -149,7 +167,6 @@ class APIHandler(BaseHTTPRequestHandler):
             self.rfile.readline(1024)
 
     def _too_large(self, limit: int) -> ServiceError:
-        self.close_connection = True  # the rest of the body is never read
         return ServiceError(
             ErrorKind.TOO_LARGE,
             f"The request body exceeds the limit of {limit} bytes.",
@@ -202,11 +219,17 @@ class APIHandler(BaseHTTPRequestHandler):
         if self.streaming:  # mid-stream: the only honest signal left is to hang up
             self.close_connection = True
             return
+        if not self.body_read and self._has_body():
+            self.close_connection = True  # its unread body would be taken as the next request
         if reply.status >= 500:
             log.error("%s %s -> %d: %s", self.command, self.path, reply.status, reply.error)
         else:  # why a client was refused, for the operator reading the log
             log.info("%s %s -> %d: %s", self.command, self.path, reply.status, reply.error)
         self._send_json(reply.status, reply.body, reply.headers)
+
+    def _has_body(self) -> bool:
+        length = self.headers.get("Content-Length", "0").strip()
+        return length not in ("", "0") or "Transfer-Encoding" in self.headers
 
     def log_message(self, format: str, *args) -> None:
         log.debug("%s - %s", self.address_string(), format % args)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
-from mlxserve.protocol.errors import ClientGone
+from mlxserve.protocol.errors import ClientGone, ServiceError, internal_error
+
+log = logging.getLogger(__name__)
 
 
 class SSEWriter:
@@ -64,3 +67,15 @@ class SSEWriter:
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError) as e:
             raise ClientGone from e
         self.last_write = time.monotonic()
+
+
+def stream_failure(sse: SSEWriter, error: Exception) -> ServiceError:
+    """The error a begun stream ends with, in the dialect's error event: a bug is one too
+    (a stream cut short without its last event looks like a network fault). Before the
+    stream began, or when the client left, the error goes on to the HTTP handler."""
+    if isinstance(error, ClientGone) or not sse.started:
+        raise error
+    if isinstance(error, ServiceError):
+        return error
+    log.error("unhandled error mid-stream", exc_info=error)
+    return internal_error(f"Internal error: {error}")

@@ -10,6 +10,8 @@ import base64
 import binascii
 import hashlib
 import io
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,8 +23,12 @@ from PIL import Image, UnidentifiedImageError
 from mlxserve.protocol.errors import ServiceError, bad_request
 
 MAX_REDIRECTS = 3
-# Decoding is refused beyond this many pixels (a decompression bomb), before downscaling.
-MAX_DECODED_PIXELS = 100_000_000
+# Decoding is refused beyond this many pixels (a decompression bomb: a few hundred KB of
+# PNG can hold 100 MP, 300 MB decoded), before downscaling. 50 MP keeps phone photos.
+MAX_DECODED_PIXELS = 50_000_000
+# Images decoded at once, whatever the number of requests: bounds the peak memory.
+_DECODING = threading.BoundedSemaphore(2)
+READ_BLOCK = 64 * 1024
 ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
 
@@ -103,12 +109,13 @@ _OPENER = urllib.request.build_opener(_LimitedRedirects)
 
 def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": "mlxserve"})
+    deadline = time.monotonic() + limits.fetch_timeout
     try:
         with _OPENER.open(request, timeout=limits.fetch_timeout) as response:
             declared = response.headers.get("Content-Length")
             if declared and declared.isdigit() and int(declared) > limits.max_bytes:
                 raise _too_large(int(declared), limits, param)
-            data = response.read(limits.max_bytes + 1)
+            return _read_until(response, deadline, limits.max_bytes + 1, url, param)
     except ServiceError:
         raise
     except urllib.error.HTTPError as e:
@@ -116,7 +123,21 @@ def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise _unreachable(url, str(reason), param) from e
-    return data
+
+
+def _read_until(response, deadline: float, most: int, url: str, param: str) -> bytes:
+    """The body, up to `most` bytes, by `deadline`: the timeout is for the whole fetch,
+    so a server trickling bytes cannot hold the request (each read returns what has
+    arrived, and waits no longer than the timeout)."""
+    data = bytearray()
+    while len(data) < most:
+        if time.monotonic() > deadline:
+            raise _unreachable(url, "it took longer than --image-fetch-timeout", param)
+        block = response.read1(min(READ_BLOCK, most - len(data)))
+        if not block:
+            break
+        data += block
+    return bytes(data)
 
 
 def _local_file(path: Path, param: str, limits: ImageLimits) -> bytes:
@@ -139,6 +160,11 @@ def _local_file(path: Path, param: str, limits: ImageLimits) -> bytes:
 
 
 def _decode(data: bytes, param: str, max_pixels: int) -> Image.Image:
+    with _DECODING:
+        return downscale(_decode_rgb(data, param, max_pixels), max_pixels)
+
+
+def _decode_rgb(data: bytes, param: str, max_pixels: int) -> Image.Image:
     try:
         with Image.open(io.BytesIO(data)) as opened:
             if opened.format not in ACCEPTED_FORMATS:
@@ -149,11 +175,16 @@ def _decode(data: bytes, param: str, max_pixels: int) -> Image.Image:
                 )
             if opened.width * opened.height > MAX_DECODED_PIXELS:
                 raise bad_request(
-                    f"The image is {opened.width}x{opened.height} pixels, too large to decode.",
+                    f"The image is {opened.width}x{opened.height} pixels, more than the "
+                    f"{MAX_DECODED_PIXELS} pixels this server decodes.",
                     param=param,
                     code="image_too_large",
                 )
             opened.seek(0)  # an animated GIF: its first frame
+            # A JPEG decodes at 1/2, 1/4 or 1/8 scale when that still has max_pixels.
+            scale = (max_pixels / (opened.width * opened.height)) ** 0.5
+            if scale < 1:
+                opened.draft("RGB", (int(opened.width * scale), int(opened.height * scale)))
             image = opened.convert("RGB")
     except UnidentifiedImageError as e:
         raise bad_request(
@@ -163,7 +194,7 @@ def _decode(data: bytes, param: str, max_pixels: int) -> Image.Image:
         raise bad_request(
             f"The image could not be decoded: {e}", param=param, code="invalid_image"
         ) from e
-    return downscale(image, max_pixels)
+    return image
 
 
 def downscale(image: Image.Image, max_pixels: int) -> Image.Image:

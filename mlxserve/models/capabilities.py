@@ -31,6 +31,24 @@ def is_vision_model(path: Path) -> bool:
     )
 
 
+# config.json fields that hold the longest sequence a model was trained for, by family.
+CONTEXT_FIELDS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
+
+
+@lru_cache(maxsize=64)
+def trained_context(path: Path) -> int | None:
+    """The context length the model declares (a vision model's in its text_config), or
+    None when its config names none."""
+    config = read_config(path)
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            for name in CONTEXT_FIELDS:
+                value = section.get(name)
+                if isinstance(value, int) and value > 0:
+                    return value
+    return None
+
+
 def is_text_model(path: Path) -> bool:
     model_type = str(read_config(path).get("model_type", "")).lower()
     return bool(model_type) and _has_module("mlx_lm.models", model_type)

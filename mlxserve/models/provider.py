@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxserve.config import ServerConfig
-from mlxserve.models.capabilities import is_text_model, is_vision_model
+from mlxserve.models.capabilities import is_text_model, is_vision_model, trained_context
 from mlxserve.models.demo import ensure_demo_model, is_demo_name
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
@@ -144,6 +144,12 @@ class ModelProvider:
             if found and any(_is_inside(resolved, root) for root in roots):
                 return resolved
         return None
+
+    def context_length(self, spec: ModelSpec) -> int | None:
+        """Most tokens one sequence may hold, prompt and output: the model's own context
+        length, lowered by --max-context; None when neither is known."""
+        limits = [n for n in (trained_context(spec.path), self.config.max_context) if n]
+        return min(limits, default=None)
 
     def tokenizer(self, spec: ModelSpec):
         """The tokenizer for `spec`, loaded once and kept for the few most recent models."""

@@ -11,9 +11,12 @@ from enum import Enum
 class ErrorKind(Enum):
     INVALID_REQUEST = "invalid_request"  # the client's mistake
     AUTHENTICATION = "authentication"
+    FORBIDDEN = "forbidden"  # not from where this server answers (a Host, an Origin)
     NOT_FOUND = "not_found"  # an unknown model or path
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_LARGE = "too_large"  # the request body
+    TIMEOUT = "timeout"  # the client stopped sending its request
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body that is not JSON
     UNAVAILABLE = "unavailable"  # not ready: the generation thread is not running
     OVERLOADED = "overloaded"  # too much work now: retry after `retry_after` seconds
     INTERNAL = "internal"  # a bug
@@ -37,6 +40,29 @@ class ServiceError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+
+
+class ContextLengthExceeded(ServiceError):
+    """The prompt, or the prompt with the output asked for, does not fit the model's
+    context. Dialects word it their own way from the numbers."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int | None, limit: int, param: str):
+        if max_tokens is None:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"prompt is {prompt_tokens} tokens. Please reduce the length of the prompt."
+            )
+        else:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"prompt, {max_tokens} for the output). Please reduce the length of the "
+                "prompt or of the output."
+            )
+        super().__init__(ErrorKind.INVALID_REQUEST, message, param, "context_length_exceeded")
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.limit = limit
 
 
 class ClientGone(Exception):

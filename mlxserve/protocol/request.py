@@ -110,7 +110,8 @@ class GenerationRequest:
 
     model: str | None = None
     sampling: Sampling = field(default_factory=Sampling)
-    max_tokens: int | None = None  # None: the server's default
+    max_tokens: int | None = None  # None: the server's default, clipped to the context
+    max_tokens_param: str = "max_tokens"
     stop: tuple[str, ...] = ()
     n: int = 1
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: also the k likeliest
@@ -120,6 +121,7 @@ class GenerationRequest:
 @dataclass(frozen=True)
 class ChatRequest(GenerationRequest):
     messages: tuple[Message, ...] = ()
+    messages_param: str = "messages"
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True

@@ -25,7 +25,7 @@ from mlxserve.postprocess.output import (
     reasoning_markers,
 )
 from mlxserve.postprocess.reasoning import starts_in_reasoning
-from mlxserve.protocol.errors import bad_request, unavailable
+from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, unavailable
 from mlxserve.protocol.request import ChatRequest, CompletionRequest, GenerationRequest
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
@@ -68,7 +68,8 @@ class ChatService:
             injected_tools=injected,
         )
         grammar = _usable(chat_grammar(request, tokenizer, prompt, markup), spec)
-        params = _params(request, self.config, tokenizer, grammar)
+        max_tokens = self._fit(spec, request, len(prompt), request.messages_param)
+        params = _params(request, self.config, tokenizer, grammar, max_tokens)
         if request.reasoning_budget is not None:
             budget = _reasoning_budget(request.reasoning_budget, tokenizer, prompt, markup)
             params = replace(params, reasoning_budget=budget)
@@ -93,7 +94,9 @@ class ChatService:
         spec, tokenizer = self.model(request.model)
         prompts = encode_prompts(tokenizer, request)
         grammar = _usable(completion_grammar(request, tokenizer), spec)
-        params = _params(request, self.config, tokenizer, grammar)
+        longest = max(len(p) for p in prompts)
+        max_tokens = self._fit(spec, request, longest, request.prompt_param)
+        params = _params(request, self.config, tokenizer, grammar, max_tokens)
         return Prepared(
             spec, prompts, params, request.n, TokenTexts(tokenizer), lambda _: TextOutput()
         )
@@ -119,6 +122,26 @@ class ChatService:
             client_gone,
             prepared.make_output,
         )
+
+    def _fit(
+        self, spec: ModelSpec, request: GenerationRequest, prompt_tokens: int, prompt_param: str
+    ) -> int:
+        """The request's max_tokens checked against the context, before any prefill: a
+        prompt that leaves no room, or an explicit max_tokens beyond the room left, is a
+        400; the server's default is clipped to the room left."""
+        default = self.config.defaults.max_tokens
+        limit = self.provider.context_length(spec)
+        if limit is None:
+            return request.max_tokens or default
+        if prompt_tokens >= limit:
+            raise ContextLengthExceeded(prompt_tokens, None, limit, prompt_param)
+        room = limit - prompt_tokens
+        if request.max_tokens is None:
+            return min(default, room)
+        if request.max_tokens > room:
+            param = request.max_tokens_param
+            raise ContextLengthExceeded(prompt_tokens, request.max_tokens, limit, param)
+        return request.max_tokens
 
     def model(self, requested: str | None):
         """The spec and tokenizer of the model a request names (404 if not servable)."""
@@ -166,7 +189,11 @@ def _reasoning_budget(budget: int, tokenizer, prompt: list[int], markup: ChatMar
 
 
 def _params(
-    request: GenerationRequest, config: ServerConfig, tokenizer, grammar: Grammar | None
+    request: GenerationRequest,
+    config: ServerConfig,
+    tokenizer,
+    grammar: Grammar | None,
+    max_tokens: int,
 ) -> GenerationParams:
     sampling, defaults = request.sampling, config.defaults
     if any(token >= len(tokenizer) for token in sampling.logit_bias):
@@ -178,7 +205,7 @@ def _params(
         return default if value is None else value
 
     return GenerationParams(
-        max_tokens=pick(request.max_tokens, defaults.max_tokens),
+        max_tokens=max_tokens,
         temperature=pick(sampling.temperature, defaults.temperature),
         top_p=pick(sampling.top_p, defaults.top_p),
         top_k=pick(sampling.top_k, defaults.top_k),

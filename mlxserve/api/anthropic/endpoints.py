@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 from mlxserve.api.anthropic.requests import CountTokensRequest, MessagesRequest, chat_request
 from mlxserve.api.anthropic.responses import MessageFormat, MessageStream
-from mlxserve.api.sse import SSEWriter
+from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
-from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
 
 # Thinking goes out as thinking blocks whatever --reasoning-format says: they are
@@ -38,10 +37,8 @@ class AnthropicEndpoints:
         try:
             for step in run.steps(keepalive):
                 stream.step(step, run.usage)
-        except ServiceError as e:
-            if not sse.started:  # an error before any output is a plain reply
-                raise
-            stream.error(e)
+        except Exception as e:
+            stream.error(stream_failure(sse, e))
         sse.close()
         return None
 

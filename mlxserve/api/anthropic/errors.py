@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from mlxserve.api.errors import ErrorReply
-from mlxserve.protocol.errors import ErrorKind, ServiceError
+from mlxserve.protocol.errors import ContextLengthExceeded, ErrorKind, ServiceError
 
 # kind -> (status, type). Anthropic has no "not ready" status: 503 with api_error, which
 # its SDK retries like overloaded_error's 529.
 STATUS = {
     ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
     ErrorKind.AUTHENTICATION: (401, "authentication_error"),
+    ErrorKind.FORBIDDEN: (403, "permission_error"),
     ErrorKind.NOT_FOUND: (404, "not_found_error"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
     ErrorKind.TOO_LARGE: (413, "request_too_large"),
+    ErrorKind.TIMEOUT: (408, "timeout_error"),
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
     ErrorKind.UNAVAILABLE: (503, "api_error"),
     ErrorKind.OVERLOADED: (529, "overloaded_error"),
     ErrorKind.INTERNAL: (500, "api_error"),
@@ -21,9 +24,23 @@ STATUS = {
 
 def error_body(error: ServiceError) -> dict:
     message = error.message
-    if error.param and error.param not in message:
+    if isinstance(error, ContextLengthExceeded):
+        message = _context_message(error)
+    elif error.param and error.param not in message:
         message = f"{error.param}: {message}"
     return {"type": "error", "error": {"type": STATUS[error.kind][1], "message": message}}
+
+
+def _context_message(error: ContextLengthExceeded) -> str:
+    """Anthropic's own wording: Claude Code reads these numbers to compact its context or
+    lower max_tokens."""
+    if error.max_tokens is None:
+        return f"prompt is too long: {error.prompt_tokens} tokens > {error.limit} maximum"
+    return (
+        "input length and `max_tokens` exceed context limit: "
+        f"{error.prompt_tokens} + {error.max_tokens} > {error.limit}, "
+        "decrease input length or `max_tokens` and try again"
+    )
 
 
 def error_reply(error: ServiceError) -> ErrorReply:

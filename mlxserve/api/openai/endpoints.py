@@ -12,9 +12,9 @@ from mlxserve.api.openai.requests import (
     completion_request,
 )
 from mlxserve.api.openai.responses import ChatFormat, CompletionFormat, ReplyFormat
-from mlxserve.api.sse import SSEWriter
+from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
-from mlxserve.protocol.errors import ServiceError, not_found
+from mlxserve.protocol.errors import not_found
 from mlxserve.service.chat import ChatService, Prepared
 from mlxserve.service.run import Step
 
@@ -74,10 +74,8 @@ class OpenAIEndpoints:
         try:
             for step in run.steps(keepalive):
                 _send(sse, fmt, step, started)
-        except ServiceError as e:
-            if not sse.started:  # an error before any output is a plain reply
-                raise
-            sse.event(error_body(e))
+        except Exception as e:
+            sse.event(error_body(stream_failure(sse, e)))
         else:
             if include_usage:
                 sse.event(fmt.usage_chunk(run.usage))

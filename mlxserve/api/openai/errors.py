@@ -9,9 +9,12 @@ from mlxserve.protocol.errors import ErrorKind, ServiceError
 STATUS = {
     ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
     ErrorKind.AUTHENTICATION: (401, "authentication_error"),
+    ErrorKind.FORBIDDEN: (403, "permission_error"),
     ErrorKind.NOT_FOUND: (404, "invalid_request_error"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
     ErrorKind.TOO_LARGE: (413, "invalid_request_error"),
+    ErrorKind.TIMEOUT: (408, "invalid_request_error"),
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
     ErrorKind.UNAVAILABLE: (503, "server_error"),
     ErrorKind.OVERLOADED: (503, "server_error"),
     ErrorKind.INTERNAL: (500, "server_error"),

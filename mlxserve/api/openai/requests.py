@@ -234,6 +234,10 @@ class ChatRequest(GenerationRequest):
         return self.max_completion_tokens or self.max_tokens
 
     @property
+    def token_limit_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
+    @property
     def logprob_count(self) -> int | None:
         """None: no logprobs; 0: the chosen token's; k: also the k most likely."""
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -267,6 +271,7 @@ class CompletionRequest(GenerationRequest):
 def chat_request(wire: ChatRequest) -> neutral.ChatRequest:
     return neutral.ChatRequest(
         **_generation_fields(wire, wire.token_limit),
+        max_tokens_param=wire.token_limit_param,
         messages=tuple(_message(m, f"messages[{i}]") for i, m in enumerate(wire.messages)),
         tools=tuple(
             neutral.Tool(f.name, f.description, f.parameters, f.strict)

@@ -1,0 +1,104 @@
+"""Checks on a request's headers before anything reads its body: whose it may be (Host,
+Origin), what it must be (JSON from browsers), and how its body is framed.
+
+Why each exists: a server on localhost is reachable from any web page the user opens.
+DNS rebinding points a page's own host name at 127.0.0.1 (the Host header still names
+the page); a cross-site form or `text/plain` fetch needs no CORS preflight. Ambiguous
+framing (two lengths, a length and chunking) is how requests are smuggled past proxies."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from email.message import Message
+from urllib.parse import urlsplit
+
+from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request
+
+# Content types a browser may send cross-origin without asking first (CORS "simple").
+FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+# Host names a loopback-bound server answers to by default besides loopback addresses:
+# Docker Desktop's name for the host, used by containerised clients (Open WebUI).
+LOCAL_NAMES = ("localhost", "host.docker.internal")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_allowed(header: str | None, allowed: tuple[str, ...] | None, bound_to: str) -> bool:
+    """Whether the Host header names this server. `allowed`: host names, "*" for any, or
+    None: loopback names for a server bound to loopback, any name for one bound wider."""
+    if allowed is None:
+        allowed = () if is_loopback(bound_to) else ("*",)
+    if header is None or "*" in allowed:
+        return True  # no Host: not a browser (every browser sends one)
+    try:
+        name = urlsplit(f"//{header}").hostname or ""
+    except ValueError:
+        return False
+    if allowed:
+        return name in allowed
+    return is_loopback(name) or name in LOCAL_NAMES
+
+
+def check_host(headers: Message, allowed: tuple[str, ...] | None, bound_to: str) -> None:
+    host = headers.get("Host")
+    if not host_allowed(host, allowed, bound_to):
+        raise ServiceError(
+            ErrorKind.FORBIDDEN,
+            f"The Host header {host!r} does not name this server; start it with "
+            "--allowed-hosts to answer to that name.",
+            code="host_not_allowed",
+        )
+
+
+def check_browser_post(headers: Message, allowed_origins: tuple[str, ...]) -> None:
+    """A POST from a web page (it carries Origin) must come from an allowed origin and
+    be JSON: form and text bodies skip the browser's CORS preflight."""
+    origin = headers.get("Origin")
+    if origin is None:
+        return  # curl, SDKs, agents: not a browser
+    if "*" not in allowed_origins and origin not in allowed_origins:
+        raise ServiceError(
+            ErrorKind.FORBIDDEN,
+            f"Requests from the origin {origin!r} are not allowed (see --allowed-origins).",
+            code="origin_not_allowed",
+        )
+    kind = headers.get_content_type()
+    if headers.get("Content-Type") is None or kind in FORM_TYPES:
+        raise ServiceError(
+            ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+            "A request from a web page must be sent as Content-Type: application/json.",
+            code="unsupported_media_type",
+        )
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How the body is delimited: chunked, or `length` bytes (0: no body)."""
+
+    chunked: bool
+    length: int
+
+
+def body_framing(headers: Message) -> Framing:
+    """The body's framing, or a 400 when the headers disagree about it."""
+    chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+    lengths = headers.get_all("Content-Length") or []
+    if chunked and lengths:
+        raise bad_request("A request may not have both Content-Length and chunked encoding.")
+    if len(lengths) > 1:
+        raise bad_request("A request may have only one Content-Length header.")
+    try:
+        length = int(lengths[0]) if lengths else 0
+    except ValueError:
+        raise bad_request("Invalid Content-Length header.") from None
+    if length < 0:
+        raise bad_request("Invalid Content-Length header.")
+    return Framing(chunked, length)
