@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
+import sys
 import time
 from http.server import ThreadingHTTPServer
 
@@ -22,6 +24,8 @@ from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
 
 log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 5  # at shutdown, for open requests to write their last event
 
 
 class MLXServer(ThreadingHTTPServer):
@@ -77,5 +81,21 @@ def run(config: ServerConfig) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
-        server.routes.service.worker.stop()
+        shut_down(server)
+
+
+def shut_down(server: MLXServer) -> None:
+    """Stop taking connections, end every open request (streams get a last error event),
+    write the prompt cache's disk tier, then leave at once with status 0: interpreter
+    teardown while MLX's threads and the HTTP threads still exist can abort the
+    process ("terminate called without an active exception", exit 134)."""
+    server.server_close()
+    worker = server.routes.service.worker
+    worker.stop()
+    if not worker.drain(DRAIN_SECONDS):
+        log.warning("Some requests did not finish their replies within %ds", DRAIN_SECONDS)
+    log.info("Stopped")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

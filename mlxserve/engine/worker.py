@@ -23,12 +23,13 @@ from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.single import generate_single
 from mlxserve.engine.vision import generate_vision
 from mlxserve.models.provider import LoadedModel, ModelProvider
-from mlxserve.protocol.errors import ServiceError, busy, internal_error
+from mlxserve.protocol.errors import ServiceError, busy, internal_error, unavailable
 
 log = logging.getLogger(__name__)
 
 
 RETRY_AFTER_SECONDS = 1
+SHUTTING_DOWN = "The server is shutting down."
 # Gathering a burst: wait up to GAP for the next arrival, GATHER_MAX in all.
 GATHER_GAP_SECONDS = 0.004
 GATHER_MAX_SECONDS = 0.03
@@ -57,9 +58,18 @@ class GenerationWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Finish at the next step; the prompt cache is written to its disk tier."""
+        """Finish at the next step: requests in flight or waiting end with a 503 (their
+        streams with an error event), and the prompt cache is written to its disk tier."""
         self._intake.put(None)
         self._thread.join(timeout=60)
+
+    def drain(self, seconds: float) -> bool:
+        """Wait up to `seconds` for every accepted request to be released (its HTTP
+        thread has written its last event); whether all were."""
+        deadline = time.monotonic() + seconds
+        while self._in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self._in_flight
 
     @property
     def prompt_cache(self) -> PromptCache:
@@ -75,6 +85,8 @@ class GenerationWorker:
         that finds the server idle is always taken, however many choices it has.
         Every accepted submit is paired with a `release` once the request is over."""
         with self._in_flight_lock:
+            if self._stopping:
+                raise unavailable(SHUTTING_DOWN)
             if self._in_flight and self._in_flight + len(jobs) > self._capacity:
                 raise busy(
                     f"The server is busy: {self._in_flight} sequences are running or waiting "
@@ -107,6 +119,8 @@ class GenerationWorker:
                 log.exception("The generation loop failed; restarting it")
                 self._fail_in_flight(internal_error(f"Generation failed: {e}"))
                 reseed_random()
+        self._fail_in_flight(unavailable(SHUTTING_DOWN))
+        self._fail_waiting(unavailable(SHUTTING_DOWN))
         if self._session is not None:
             self._session.close()
         self._cache.flush()
@@ -204,6 +218,19 @@ class GenerationWorker:
         for job in jobs:
             job.emit(ErrorEvent(error))
         self._starting = []
+
+    def _fail_waiting(self, error: ServiceError) -> None:
+        """Jobs never started: pending ones, and any submitted before the stop was seen."""
+        while True:
+            try:
+                item = self._intake.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, list):
+                self._pending.append(item)
+        while self._pending:
+            for job in self._pending.popleft():
+                job.emit(ErrorEvent(error))
 
 
 def _capture(fn: Callable[[], Any]) -> tuple[bool, Any]:

@@ -1,0 +1,41 @@
+"""Shutdown: SIGTERM and SIGINT always exit 0, and every open stream ends with its
+dialect's error event and proper end instead of being cut."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from conftest import start_server
+from sse import open_stream
+from test_http import endless
+
+
+def open_endless(srv, model, path: str):
+    body = endless(model, max_tokens=3000, stream=True)
+    if path == "/v1/messages":
+        body = {**body, "model": "default"}
+    conn, response = open_stream(srv.url, path, body)
+    assert response.status == 200
+    response.readline()  # the stream has begun (chunk-aware: the rest is read later)
+    return conn, response
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_signal_ends_open_streams_and_exits_0(tiny_model, sig, attempt):
+    srv = start_server(tiny_model)
+    try:
+        openai = open_endless(srv, tiny_model, "/v1/chat/completions")
+        anthropic = open_endless(srv, tiny_model, "/v1/messages")
+        srv.process.send_signal(sig)
+        assert srv.process.wait(timeout=30) == 0
+        # read() on a chunked body raises IncompleteRead when it is cut short.
+        text = openai[1].read().decode()
+        assert text.rstrip().endswith("data: [DONE]")
+        assert '"code": "service_unavailable"' in text and "shutting down" in text
+        events = anthropic[1].read().decode()
+        assert "event: error" in events and "shutting down" in events
+        assert "message_stop" not in events
+    finally:
+        srv.stop()
