@@ -7,7 +7,10 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 
 import mlx.core as mx
@@ -40,6 +43,26 @@ class MLXServer(ThreadingHTTPServer):
         super().__init__((config.host, config.port), APIHandler)
         self.config = config
         self.routes = routes
+        self._open_requests = 0  # being answered now: shutdown waits for their last bytes
+        self._open_lock = threading.Lock()
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Counts a request as open while its reply is being written."""
+        with self._open_lock:
+            self._open_requests += 1
+        try:
+            yield
+        finally:
+            with self._open_lock:
+                self._open_requests -= 1
+
+    def drain(self, seconds: float) -> bool:
+        """Wait up to `seconds` for every open request to finish its reply; whether all did."""
+        deadline = time.monotonic() + seconds
+        while self._open_requests and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self._open_requests
 
     @property
     def url(self) -> str:
@@ -90,9 +113,8 @@ def shut_down(server: MLXServer) -> None:
     teardown while MLX's threads and the HTTP threads still exist can abort the
     process ("terminate called without an active exception", exit 134)."""
     server.server_close()
-    worker = server.routes.service.worker
-    worker.stop()
-    if not worker.drain(DRAIN_SECONDS):
+    server.routes.service.worker.stop()
+    if not server.drain(DRAIN_SECONDS):
         log.warning("Some requests did not finish their replies within %ds", DRAIN_SECONDS)
     log.info("Stopped")
     logging.shutdown()

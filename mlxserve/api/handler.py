@@ -50,10 +50,12 @@ class APIHandler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
-        self._handle(self._get)
+        with self.server.answering():
+            self._handle(self._get)
 
     def do_POST(self) -> None:
-        self._handle(self._post)
+        with self.server.answering():
+            self._handle(self._post)
 
     def setup(self) -> None:
         # A client silent this long (an unfinished body, an idle kept-alive connection) is

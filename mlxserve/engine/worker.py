@@ -63,14 +63,6 @@ class GenerationWorker:
         self._intake.put(None)
         self._thread.join(timeout=60)
 
-    def drain(self, seconds: float) -> bool:
-        """Wait up to `seconds` for every accepted request to be released (its HTTP
-        thread has written its last event); whether all were."""
-        deadline = time.monotonic() + seconds
-        while self._in_flight and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return not self._in_flight
-
     @property
     def prompt_cache(self) -> PromptCache:
         return self._cache
