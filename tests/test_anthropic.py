@@ -11,6 +11,7 @@ import time
 import anthropic
 import pytest
 from conversations import (
+    AGENT_REPLY,
     BY_NAME,
     GEMMA_BY_NAME,
     HARMONY_BY_NAME,
@@ -553,14 +554,14 @@ def test_body_too_large_is_413_request_too_large(launch, tiny_model):
     assert status == 413 and reply["error"]["type"] == "request_too_large"
 
 
-def test_a_full_server_answers_529_overloaded(launch, tiny_model):
+def test_a_full_server_answers_529_overloaded(launch, agent_model):
     from test_scheduling import TimedStream
 
-    srv = launch(tiny_model, "--max-concurrent", "1", "--max-queue", "1")
-    holders = [TimedStream(srv, endless(tiny_model, max_tokens=4000))]
+    srv = launch(agent_model, "--max-concurrent", "1", "--max-queue", "1")
+    holders = [TimedStream(srv, endless(agent_model, max_tokens=130_000))]
     while not holders[0].data_times():
         time.sleep(0.01)
-    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=4000)))
+    holders.append(TimedStream(srv, endless(agent_model, max_tokens=130_000)))
     try:
         status, headers, reply = srv.post(MESSAGES, body(BY_NAME["capital"]))
         assert status == 529 and headers["Retry-After"] == "1"
@@ -573,4 +574,4 @@ def test_a_full_server_answers_529_overloaded(launch, tiny_model):
             holder.close()
     patient = client(srv, max_retries=5)  # the SDK retries 529 and is served
     reply = patient.messages.create(**body(BY_NAME["capital"]))
-    assert reply.content[0].text == BY_NAME["capital"].reply
+    assert reply.content[0].text == AGENT_REPLY

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from conversations import BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS, LONG_ANSWER
+from conversations import AGENT_REPLY, BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS, LONG_ANSWER
 from sse import chat_text, open_stream
 from test_batching import ENDS, concurrently, endless_stream, tokens_and_message
 from test_chat import server_model
@@ -176,15 +176,15 @@ def test_an_abandoned_long_prompt_stops_and_keeps_what_was_processed(launch, tin
     assert any("prompt processing" in line for line in srv.log)
 
 
-def test_a_full_server_answers_503_with_retry_after(launch, tiny_model):
+def test_a_full_server_answers_503_with_retry_after(launch, agent_model):
     """One running and one waiting sequence fill a server with --max-concurrent 1 and
     --max-queue 1: a third request is refused at once, and served once room is back."""
-    srv = launch(tiny_model, "--max-concurrent", "1", "--max-queue", "1")
+    srv = launch(agent_model, "--max-concurrent", "1", "--max-queue", "1")
     model = server_model(srv)
-    holders = [TimedStream(srv, endless(tiny_model, max_tokens=4000))]
+    holders = [TimedStream(srv, endless(agent_model, max_tokens=130_000))]
     while not holders[0].data_times():
         time.sleep(0.01)
-    holders.append(TimedStream(srv, endless(tiny_model, max_tokens=4000)))
+    holders.append(TimedStream(srv, endless(agent_model, max_tokens=130_000)))
     time.sleep(0.3)
     try:
         status, headers, reply = srv.post(CHAT, BY_NAME["capital"].request)
@@ -208,7 +208,7 @@ def test_a_full_server_answers_503_with_retry_after(launch, tiny_model):
             holder.close()
     patient = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=5)
     reply = patient.chat.completions.create(model=model, messages=BY_NAME["capital"].messages)
-    assert reply.choices[0].message.content == BY_NAME["capital"].reply
+    assert reply.choices[0].message.content == AGENT_REPLY
 
 
 def test_identical_prompts_arriving_together_are_processed_once(launch, tiny_model):
