@@ -67,8 +67,8 @@ class ChatService:
             tools_in_request=tools,
             injected_tools=injected,
         )
-        grammar = _usable(chat_grammar(request, tokenizer, prompt, markup), spec)
         max_tokens = self._fit(spec, request, len(prompt), request.messages_param)
+        grammar = _usable(chat_grammar(request, tokenizer, prompt, markup), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         if request.reasoning_budget is not None:
             budget = _reasoning_budget(request.reasoning_budget, tokenizer, prompt, markup)
@@ -93,9 +93,9 @@ class ChatService:
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         spec, tokenizer = self.model(request.model)
         prompts = encode_prompts(tokenizer, request)
-        grammar = _usable(completion_grammar(request, tokenizer), spec)
         longest = max(len(p) for p in prompts)
         max_tokens = self._fit(spec, request, longest, request.prompt_param)
+        grammar = _usable(completion_grammar(request, tokenizer), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         return Prepared(
             spec, prompts, params, request.n, TokenTexts(tokenizer), lambda _: TextOutput()
