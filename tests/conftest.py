@@ -112,6 +112,18 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def metaspace_model() -> Path:
+    """The chat fixture on Llama's architecture with a Metaspace (T5-style) tokenizer."""
+    return fixture_models.build(fixture_models.TINY_METASPACE, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model() -> Path:
+    """The chat fixture with a Llama-2 style SentencePiece tokenizer (byte fallback)."""
+    return fixture_models.build(fixture_models.TINY_SENTENCEPIECE, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
 def agent_model() -> Path:
     """A Qwen3-architecture model that answers any prompt with AGENT_REPLY."""
     return fixture_models.build(fixture_models.TINY_AGENT, cache_root() / "fixtures")

@@ -53,6 +53,13 @@ def grammar(body: str, lead: str = "", rules: tuple[str, ...] = ()) -> str:
     return "\n".join([start, f"body: {body}", *rules])
 
 
+def after_space(text: str) -> str:
+    """The grammar `text` behind one optional space: a word-marking tokenizer's first
+    token of a reply ("▁The") carries a space its detokenizer drops from the text."""
+    assert text.startswith("start: "), text
+    return 'start: " "? ' + text.removeprefix("start: ")
+
+
 def after_thinking(body: str, thinking: Thinking, rules: tuple[str, ...] = ()) -> str:
     """The body (with the `rules` it uses), after a think block: required when the prompt
     opened it, else optional."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 
 import llguidance
@@ -18,13 +19,23 @@ import mlx.core as mx
 import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from mlxserve.structured.token_table import VocabularyTable
+
+log = logging.getLogger(__name__)
+
 
 @functools.lru_cache(maxsize=8)  # per tokenizer: building it walks the whole vocabulary
 def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
-    """llguidance's view of an mlx-lm tokenizer; every end-of-turn token ends a grammar."""
-    return llguidance.hf.from_tokenizer(
-        tokenizer._tokenizer, eos_token=sorted(tokenizer.eos_token_ids)
-    )
+    """llguidance's view of an mlx-lm tokenizer; every end-of-turn token ends a grammar.
+    llguidance reads tokenizer.json itself where it knows the decoder; other tokenizers
+    (a Metaspace decoder, no tokenizer.json) get a token table built from the vocabulary."""
+    ends = sorted(tokenizer.eos_token_ids)
+    try:
+        return llguidance.hf.from_tokenizer(tokenizer._tokenizer, eos_token=ends)
+    except (ValueError, RuntimeError) as e:
+        log.info("Building the grammar token table from the vocabulary (%s)", e)
+        table = VocabularyTable.of(tokenizer)
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(table), eos_token=ends)
 
 
 def markup_lark(tokenizer, text: str) -> str:

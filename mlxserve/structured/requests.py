@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from mlxserve.models.token_bytes import drops_first_space
 from mlxserve.postprocess.harmony import ANALYSIS_CLOSING, ANALYSIS_OPENING, FINAL_OPENING
 from mlxserve.postprocess.output import ChatMarkup
 from mlxserve.postprocess.reasoning import reasoning_skipped, starts_in_reasoning
@@ -215,6 +216,8 @@ def _after_reasoning(
 
 
 def _compile(tokenizer, text: str, param: str) -> Grammar:
+    if drops_first_space(tokenizer):
+        text = lark.after_space(text)
     try:
         return Grammar(tokenizer, text)
     except GrammarError as e:
