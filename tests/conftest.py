@@ -124,6 +124,26 @@ def sentencepiece_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiktoken_model() -> Path:
+    """The chat fixture with a tiktoken vocabulary and a slow remote-code tokenizer
+    (Kimi-K2's layout: no tokenizer.json); serve it with --trust-remote-code."""
+    return fixture_models.build(fixture_models.TINY_TIKTOKEN, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="module", params=["byte_level", "metaspace", "sentencepiece", "tiktoken"])
+def family(request, server):
+    """A server of each tokenizer family: the grammar engine's token table differs (and
+    SentencePiece-style vocabularies start a reply with a "▁word" token, tiktoken ones
+    have no tokenizer.json)."""
+    if request.param == "byte_level":
+        yield server
+        return
+    srv = start_server(request.getfixturevalue(f"{request.param}_model"), "--trust-remote-code")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
 def agent_model() -> Path:
     """A Qwen3-architecture model that answers any prompt with AGENT_REPLY."""
     return fixture_models.build(fixture_models.TINY_AGENT, cache_root() / "fixtures")

@@ -20,8 +20,8 @@ def chat(server, messages, **extra):
 
 
 @pytest.mark.parametrize("conv", CONVERSATIONS, ids=lambda c: c.name)
-def test_every_trained_reply_is_exact(server, conv):
-    result = assert_round_trip(server, conv, markup=("<think>", "</think>", "<tool_call>"))
+def test_every_trained_reply_is_exact(family, conv):
+    result = assert_round_trip(family, conv, markup=("<think>", "</think>", "<tool_call>"))
     assert result["choices"][0]["logprobs"] is None
 
 
@@ -97,14 +97,14 @@ def test_max_tokens_finishes_with_length(server):
 
 
 @pytest.mark.parametrize("stop", ["three", "e, f", ["xyz", "four"], "."])
-def test_stop_strings_never_appear(server, stop):
+def test_stop_strings_never_appear(family, stop):
     reply = BY_NAME["count"].reply
     words = [stop] if isinstance(stop, str) else stop
     cut = min(reply.find(w) for w in words if w in reply)
-    body = chat(server, BY_NAME["count"].messages, stop=stop)
+    body = chat(family, BY_NAME["count"].messages, stop=stop)
     assert body["choices"][0]["message"]["content"] == reply[:cut]
     assert body["choices"][0]["finish_reason"] == "stop"
-    streamed = stream(server.url, CHAT, {"messages": BY_NAME["count"].messages, "stop": stop})
+    streamed = stream(family.url, CHAT, {"messages": BY_NAME["count"].messages, "stop": stop})
     assert chat_text(streamed.chunks) == reply[:cut]
 
 
@@ -125,8 +125,8 @@ def test_stop_string_spanning_tokens_in_long_answer(server):
     assert stop not in content
 
 
-def test_unicode_reply_is_never_split(server):
-    result = stream(server.url, CHAT, {"messages": BY_NAME["unicode"].messages})
+def test_unicode_reply_is_never_split(family):
+    result = stream(family.url, CHAT, {"messages": BY_NAME["unicode"].messages})
     pieces = [c["choices"][0]["delta"].get("content", "") for c in result.chunks]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == BY_NAME["unicode"].reply

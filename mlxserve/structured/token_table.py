@@ -49,14 +49,18 @@ class VocabularyTable:
             bos_token_id=hf.bos_token_id,
             tokens=tokens,
             special_token_ids=sorted(special),
-            encode=_mid_text_encoder(hf.backend_tokenizer),
+            encode=_mid_text_encoder(hf),
         )
 
 
-def _mid_text_encoder(backend: Tokenizer) -> Callable[[str], list[int]]:
+def _mid_text_encoder(hf) -> Callable[[str], list[int]]:
     """Tokenize text as it reads inside a reply, not at the start of a document: without
     the "▁" a word-marking tokenizer prepends to a document's first word (the grammar
-    engine takes its forced tokens from here, so "\n" must be "\n", not "▁\n")."""
+    engine takes its forced tokens from here, so "\n" must be "\n", not "▁\n").
+    Slow tokenizers (tiktoken vocabularies) prepend nothing."""
+    backend: Tokenizer | None = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return lambda text: hf.encode(text, add_special_tokens=False)
     spec = json.loads(backend.to_str())
     spec["normalizer"] = _without_prepend(spec.get("normalizer"))
     _never_prepend(spec.get("pre_tokenizer"))
