@@ -4,6 +4,7 @@ below exists only because the grammar made it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -15,6 +16,8 @@ import pytest
 from conversations import BY_NAME, HARMONY_BY_NAME, WEATHER_TOOL
 from test_batching import concurrently, tokens_and_message
 from test_chat import server_model
+
+from mlxserve.structured.lark import MAX_CHOICES
 
 CHAT = "/v1/chat/completions"
 
@@ -407,6 +410,22 @@ UNENFORCEABLE = [
         },
         "tools",
         'Unimplemented keys: ["not"]',
+    ),
+    # 100,000 options took 12 s to fail with a panic's backtrace in the message.
+    (
+        {"guided_choice": [f"option {i}" for i in range(MAX_CHOICES + 1)]},
+        "guided_choice",
+        f"List should have at most {MAX_CHOICES} items",
+    ),
+    # Nesting beyond the engine's recursion limit is its 400, not a crash.
+    (
+        {
+            "guided_json": functools.reduce(
+                lambda inner, _: {"type": "array", "items": inner}, range(200), {}
+            )
+        },
+        "guided_json",
+        "recursion limit exceeded",
     ),
 ]
 

@@ -76,7 +76,7 @@ class Grammar:
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)
         matcher = llguidance.LLMatcher(ll, grammar) if not failed else None
         if matcher is None or matcher.is_error():
-            raise GrammarError(_message(messages, matcher))
+            raise GrammarError(failure_message(messages, matcher))
         self._matcher = matcher
         self._vocab_size = ll.vocab_size
         self._ends = sorted(tokenizer.eos_token_ids)
@@ -115,10 +115,11 @@ class GrammarProcessor:
         return mx.where(mx.array(self._allowed), logits, -mx.inf)
 
 
-def _message(messages: list[str], matcher) -> str:
+def failure_message(messages: list[str], matcher) -> str:
     """The engine's complaint on one line, without its position in our own Lark text."""
     text = matcher.get_error() if matcher is not None and matcher.is_error() else ""
     text = text or next(iter(messages), "") or "the grammar cannot be compiled"
+    text = text.split("<backtrace>")[0]  # a panic's stack is for the engine's developers
     lines = []
     for line in text.splitlines():
         if not re.match(r"\s*(\d+ \||\^)", line):  # not a quote of our grammar source

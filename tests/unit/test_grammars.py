@@ -8,7 +8,13 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxserve.structured import lark
-from mlxserve.structured.matcher import Grammar, GrammarError, is_special, markup_lark
+from mlxserve.structured.matcher import (
+    Grammar,
+    GrammarError,
+    failure_message,
+    is_special,
+    markup_lark,
+)
 
 INTEGER = lark.json_schema({"type": "integer", "minimum": 0, "maximum": 99})
 
@@ -97,6 +103,13 @@ def test_the_engine_names_what_it_cannot_do(tokenizer):
     with pytest.raises(GrammarError) as error:
         Grammar(tokenizer, lark.grammar(lark.regex("(?=a)b")))
     assert "look-around" in str(error.value) and "body:" not in str(error.value)
+
+
+def test_a_panic_of_the_engine_reads_as_one_line_without_its_stack():
+    text = "panic: assertion failed: grammar.symbols.len() < u16::MAX <backtrace> 0: <unknown>"
+    assert (
+        failure_message([text], None) == "panic: assertion failed: grammar.symbols.len() < u16::MAX"
+    )
 
 
 @pytest.mark.parametrize(

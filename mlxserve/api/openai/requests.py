@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from mlxserve.api.wire import Strict as _Strict
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
+from mlxserve.structured.lark import MAX_CHOICES
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -118,7 +119,7 @@ class Guided(_Strict):
 
     guided_json: dict | str | None = None
     guided_regex: str | None = None
-    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)] | None = None
 
     @field_validator("guided_json")
     @classmethod
