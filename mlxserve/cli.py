@@ -12,6 +12,7 @@ from pathlib import Path
 from mlxserve import __version__
 from mlxserve.config import SamplingDefaults, ServerConfig
 from mlxserve.postprocess import reasoning, tools
+from mlxserve.telemetry.record import RequestIdFilter
 
 
 def positive_int(text: str) -> int:
@@ -256,10 +257,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     config = config_from_args(parser().parse_args(argv))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())  # lines written while answering carry its id
     logging.basicConfig(
         level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(request)s%(message)s",
+        handlers=[handler],
     )
     from mlxserve.server import run
 

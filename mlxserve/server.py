@@ -25,6 +25,7 @@ from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, resolve_model_path
 from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
+from mlxserve.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,13 @@ class MLXServer(ThreadingHTTPServer):
     # a TCP retransmission (a second or more).
     request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, config: ServerConfig, routes: Routes):
+    def __init__(self, config: ServerConfig, routes: Routes, metrics: Metrics):
         if ":" in config.host:
             self.address_family = socket.AF_INET6
         super().__init__((config.host, config.port), APIHandler)
         self.config = config
         self.routes = routes
+        self.metrics = metrics
         self._open_requests = 0  # being answered now: shutdown waits for their last bytes
         self._open_lock = threading.Lock()
 
@@ -91,7 +93,14 @@ def build_server(config: ServerConfig) -> MLXServer:
     except ServiceError as e:
         raise SystemExit(f"mlxserve: {e.message}") from e
     log.info("Serving %r from %s (ready in %.1fs)", config.model, path, time.perf_counter() - start)
-    return MLXServer(config, Routes(ChatService(config, provider, worker)))
+    metrics = Metrics()
+    metrics.watch(
+        running=lambda: worker.running,
+        waiting=lambda: worker.waiting,
+        prompt_cache_bytes=lambda: cache.nbytes,
+        model_bytes=provider.memory_by_model,
+    )
+    return MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
 
 
 def run(config: ServerConfig) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -66,5 +67,5 @@ def test_claude_code_headless_turn(launch, agent_model, claude_code, tmp_path):
     assert result["is_error"] is False and result["terminal_reason"] == "completed"
     assert result["stop_reason"] == "end_turn"
     assert result["result"] == AGENT_REPLY
-    requests = [line for line in srv.log if "POST /v1/messages" in line]
-    assert requests and all('HTTP/1.1" 200' in line for line in requests), requests
+    requests = [line for line in srv.log if '"POST /v1/messages' in line]
+    assert requests and all(re.search(r'" 200 model=', line) for line in requests), requests

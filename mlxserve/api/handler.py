@@ -7,12 +7,20 @@ import json
 import logging
 import select
 import socket
+import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host
-from mlxserve.api.routes import GET_PATHS, HEALTH_PATHS, MODELS_PATHS, Routes
+from mlxserve.api.routes import (
+    GET_PATHS,
+    HEALTH_PATHS,
+    METRICS_PATHS,
+    MODEL_PREFIXES,
+    MODELS_PATHS,
+    Routes,
+)
 from mlxserve.protocol.errors import (
     ClientGone,
     ErrorKind,
@@ -21,14 +29,17 @@ from mlxserve.protocol.errors import (
     internal_error,
     not_found,
 )
+from mlxserve.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from mlxserve.telemetry.record import RequestRecord, recording, request_id
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("mlxserve.access")
 
 
 # Request headers a browser may send cross-origin: OpenAI's and Anthropic's clients'.
 ALLOWED_HEADERS = (
     "Authorization, Content-Type, X-API-Key, anthropic-version, anthropic-beta, "
-    "anthropic-dangerous-direct-browser-access"
+    "anthropic-dangerous-direct-browser-access, X-Request-Id"
 )
 
 
@@ -36,10 +47,12 @@ class APIHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "mlxserve"
     streaming = False  # an SSE response has begun: errors can no longer be a reply
+    record: RequestRecord | None = None  # the request being answered
 
     # Entry points -----------------------------------------------------------------------
 
     def do_OPTIONS(self) -> None:
+        self.record = RequestRecord(request_id(self.headers.get("X-Request-Id")), "OPTIONS", "")
         self.send_response(204)
         self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
         # The SDKs in a browser also send their own x-stainless-* headers: allow what is asked.
@@ -57,6 +70,10 @@ class APIHandler(BaseHTTPRequestHandler):
         with self.server.answering():
             self._handle(self._post)
 
+    def parse_request(self) -> bool:
+        self.record = None  # a malformed request line is answered without the last one's id
+        return super().parse_request()
+
     def setup(self) -> None:
         # A client silent this long (an unfinished body, an idle kept-alive connection) is
         # let go instead of holding a thread and a file descriptor forever.
@@ -64,6 +81,18 @@ class APIHandler(BaseHTTPRequestHandler):
         super().setup()
 
     def _handle(self, route) -> None:
+        """Answer one request, then write its access-log line and count it."""
+        self.record = RequestRecord(
+            request_id(self.headers.get("X-Request-Id")), self.command, self.path
+        )
+        with recording(self.record):
+            path = self._answer(route)
+            self.record.finished = time.monotonic()
+            access_log.info(self.record.access_line())
+        self.server.metrics.observe(self.record, self.server.routes.endpoint(path))
+
+    def _answer(self, route) -> str:
+        """Route the request; errors become the dialect's error reply. Returns the path."""
         self.streaming = False
         self.body_read = False
         routes: Routes = self.server.routes
@@ -83,6 +112,7 @@ class APIHandler(BaseHTTPRequestHandler):
         except Exception as e:
             log.exception("unhandled error on %s %s", self.command, self.path)
             self._send_error(routes.errors(path)(internal_error(f"Internal error: {e}")))
+        return path
 
     def _get(self, path: str) -> None:
         endpoints = self.server.routes.openai
@@ -91,7 +121,9 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_json(status, body)
         elif path in MODELS_PATHS:
             self._send_json(200, endpoints.models())
-        elif path.startswith(("/v1/models/", "/models/")):
+        elif path in METRICS_PATHS:
+            self._send(200, self.server.metrics.render(), METRICS_CONTENT_TYPE)
+        elif path.startswith(MODEL_PREFIXES):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
         else:
             self._unknown(path, tuple(self.server.routes.post))
@@ -187,10 +219,18 @@ class APIHandler(BaseHTTPRequestHandler):
 
     # Responses --------------------------------------------------------------------------
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        if self.record is not None:
+            self.record.status = code
+        super().send_response(code, message)
+
     def end_headers(self) -> None:
+        if self.record is not None:
+            self.send_header("X-Request-Id", self.record.request_id)
         origin = self._allowed_origin()
         if origin:
             self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Access-Control-Expose-Headers", "X-Request-Id")
             if origin != "*":
                 self.send_header("Vary", "Origin")
         super().end_headers()
@@ -204,8 +244,13 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _send_json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        self._send(status, data, "application/json", headers)
+
+    def _send(
+        self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
@@ -237,4 +282,4 @@ class APIHandler(BaseHTTPRequestHandler):
         log.debug("%s - %s", self.address_string(), format % args)
 
     def log_request(self, code="-", size="-") -> None:
-        log.info('"%s" %s', self.requestline, code)
+        pass  # each request's access-log line is written once it is answered

@@ -10,6 +10,7 @@ from mlxserve.api.anthropic.errors import error_reply as anthropic_error
 from mlxserve.api.errors import ErrorRenderer
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
+from mlxserve.api.openai.tokenize import TokenizeEndpoints
 from mlxserve.service.chat import ChatService
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -17,9 +18,13 @@ COMPLETION_PATHS = ("/v1/completions", "/completions")
 MESSAGES_PATHS = ("/v1/messages", "/messages")
 COUNT_TOKENS_PATHS = ("/v1/messages/count_tokens", "/messages/count_tokens")
 ANTHROPIC_PATHS = MESSAGES_PATHS + COUNT_TOKENS_PATHS
+TOKENIZE_PATHS = ("/tokenize", "/v1/tokenize")
+DETOKENIZE_PATHS = ("/detokenize", "/v1/detokenize")
 HEALTH_PATHS = ("/health", "/v1/health")
 MODELS_PATHS = ("/v1/models", "/models")
-GET_PATHS = HEALTH_PATHS + MODELS_PATHS
+MODEL_PREFIXES = ("/v1/models/", "/models/")
+METRICS_PATHS = ("/metrics",)
+GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS
 
 # A POST endpoint: (request body, the HTTP handler) -> a JSON reply, or None once streamed.
 Endpoint = Callable[[bytes, object], dict | None]
@@ -30,17 +35,27 @@ class Routes:
     service: ChatService
     openai: OpenAIEndpoints = field(init=False)
     anthropic: AnthropicEndpoints = field(init=False)
+    tokenizer: TokenizeEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
 
     def __post_init__(self):
         self.openai = OpenAIEndpoints(self.service)
         self.anthropic = AnthropicEndpoints(self.service)
+        self.tokenizer = TokenizeEndpoints(self.service)
         self.post = {
             **dict.fromkeys(CHAT_PATHS, self.openai.chat),
             **dict.fromkeys(COMPLETION_PATHS, self.openai.completion),
             **dict.fromkeys(MESSAGES_PATHS, self.anthropic.messages),
             **dict.fromkeys(COUNT_TOKENS_PATHS, self.anthropic.count_tokens),
+            **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
+            **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }
+
+    def endpoint(self, path: str) -> str:
+        """The path as a metrics label: a known path, or "other" (labels stay bounded)."""
+        if path in self.post or path in GET_PATHS:
+            return path
+        return "/v1/models/{model}" if path.startswith(MODEL_PREFIXES) else "other"
 
     @staticmethod
     def errors(path: str) -> ErrorRenderer:

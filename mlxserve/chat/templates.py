@@ -194,8 +194,12 @@ def encode_prompts(tokenizer, request: CompletionRequest) -> list[list[int]]:
     param = request.prompt_param
     if any(not tokens for tokens in prompts):
         raise bad_request("The prompt must not be empty.", param=param)
-    vocab_size = len(tokenizer)
     for tokens in prompts:
-        if any(not 0 <= t < vocab_size for t in tokens):
-            raise bad_request(f"Token ids must lie in [0, {vocab_size}).", param=param)
+        check_token_ids(tokenizer, tokens, param)
     return prompts
+
+
+def check_token_ids(tokenizer, tokens: list[int], param: str) -> None:
+    vocab_size = len(tokenizer)
+    if any(not 0 <= t < vocab_size for t in tokens):
+        raise bad_request(f"Token ids must lie in [0, {vocab_size}).", param=param)

@@ -91,6 +91,11 @@ class BatchSession:
         """Jobs running or waiting to run."""
         return len(self._sequences) + sum(len(a.jobs) for a in self._admitted)
 
+    @property
+    def decoding(self) -> int:
+        """Jobs past their prompt, generating."""
+        return len(self._sequences)
+
     def jobs(self) -> list[GenerationJob]:
         return [s.job for s in self._sequences.values()] + [
             job for a in self._admitted for job in a.jobs

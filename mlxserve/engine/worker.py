@@ -71,6 +71,18 @@ class GenerationWorker:
     def alive(self) -> bool:
         return self._thread.is_alive() and self._serving.is_set()
 
+    @property
+    def running(self) -> int:
+        """Sequences decoding now (read from any thread: a snapshot). Without a batch,
+        the request being generated one at a time."""
+        session = self._session
+        return session.decoding if session is not None else len(self._starting)
+
+    @property
+    def waiting(self) -> int:
+        """Sequences accepted and not decoding yet."""
+        return max(0, self._in_flight - self.running)
+
     def submit(self, jobs: list[GenerationJob]) -> None:
         """Queue one request's jobs (jobs with the same prompt share its prefill), or
         refuse them with a 503 when the server already holds `capacity` jobs. A request

@@ -53,6 +53,7 @@ class LoadedModel:
     model: Any  # an mlx-lm model, or an mlx-vlm one when spec.vision
     tokenizer: Any
     draft_model: Any | None
+    nbytes: int = 0  # the weights' memory, the draft model's included
 
 
 def _is_inside(path: Path, root: Path) -> bool:
@@ -118,6 +119,15 @@ class ModelProvider:
                 code="model_not_found",
             )
         return self.default if path == self.default.path else ModelSpec(path)
+
+    def name(self, spec: ModelSpec) -> str:
+        """The model's name in logs and metrics: the server's alias for its own model."""
+        return self.alias if spec == self.default else spec.path.name
+
+    def memory_by_model(self) -> list[tuple[str, int]]:
+        """(name, weight bytes) of each model in memory."""
+        loaded = self._loaded
+        return [(self.name(loaded.spec), loaded.nbytes)] if loaded is not None else []
 
     def unalias(self, requested: str | None) -> str | None:
         """The model an alias stands for: an exact name first, else the longest prefix."""
@@ -221,7 +231,7 @@ class ModelProvider:
         self._loaded = None
         gc.collect()
         mx.clear_cache()
-        self._loaded = LoadedModel(spec, model, tokenizer, draft)
+        self._loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft))
         log.info(
             "Loaded %s in %.1fs (peak memory %.2f GB, active %.2f GB)",
             spec.path,
@@ -245,6 +255,17 @@ class ModelProvider:
             model.eval()
         draft = load_model(spec.draft_path)[0] if spec.draft_path else None
         return model, draft
+
+
+def _weight_bytes(*models: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(
+        array.nbytes
+        for model in models
+        if model is not None
+        for _, array in tree_flatten(model.parameters())
+    )
 
 
 def _load_error(spec: ModelSpec, error: Exception) -> ServiceError:

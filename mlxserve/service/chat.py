@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxserve.chat.images import ImageLimits
-from mlxserve.chat.templates import encode_prompts, render_chat
+from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
 from mlxserve.chat.tool_prompt import injects_tools
 from mlxserve.chat.vision import VisionChat, render_vision_chat
 from mlxserve.config import ServerConfig
@@ -31,6 +31,7 @@ from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
 from mlxserve.structured.requests import chat_grammar, completion_grammar
+from mlxserve.telemetry.record import current_request
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,30 @@ class ChatService:
 
     def prompt_tokens(self, request: ChatRequest) -> int:
         """How many tokens the request's prompt takes, rendered exactly as for a reply."""
+        return len(self.chat_prompt(request)[1])
+
+    def chat_prompt(self, request: ChatRequest) -> tuple[ModelSpec, list[int]]:
+        """The request's prompt tokens, rendered exactly as for a reply."""
         spec, tokenizer = self.model(request.model)
         injected = injects_tools(tokenizer, self.config.chat_template, request.tool_definitions)
-        return len(self._render(spec, tokenizer, request, injected)[0])
+        return spec, self._render(spec, tokenizer, request, injected)[0]
+
+    def text_tokens(
+        self, model: str | None, text: str, add_special_tokens: bool
+    ) -> tuple[ModelSpec, list[int]]:
+        spec, tokenizer = self.model(model)
+        return spec, tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, model: str | None, tokens: list[int]) -> tuple[ModelSpec, str]:
+        spec, tokenizer = self.model(model)
+        check_token_ids(tokenizer, tokens, "tokens")
+        return spec, tokenizer.decode(tokens)
+
+    def token_strings(self, spec: ModelSpec, tokens: list[int]) -> list[str]:
+        return self.provider.tokenizer(spec).convert_ids_to_tokens(tokens)
+
+    def context_length(self, spec: ModelSpec) -> int | None:
+        return self.provider.context_length(spec)
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         spec, tokenizer = self.model(request.model)
@@ -148,6 +170,8 @@ class ChatService:
         if not self.worker.alive:
             raise unavailable("The generation thread is not running.")
         spec = self.provider.resolve(requested)
+        if (record := current_request()) is not None:
+            record.model = self.provider.name(spec)
         return spec, self.provider.tokenizer(spec)
 
     def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):

@@ -17,6 +17,7 @@ from mlxserve.models.provider import ModelSpec
 from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
 from mlxserve.protocol.errors import ClientGone, unavailable
 from mlxserve.service.results import Choice, TokenLogprob, Usage
+from mlxserve.telemetry.record import current_request
 
 POLL_SECONDS = 0.25
 
@@ -46,6 +47,7 @@ class _ChoiceState:
     plan: ChoicePlan
     choice: Choice
     output: Any  # the choice's output pipeline (postprocess)
+    last_token: float | None = None  # when its last token arrived (monotonic)
 
 
 class GenerationRun:
@@ -65,6 +67,9 @@ class GenerationRun:
         self._client_gone = client_gone
         self._make_output = make_output
         self.usage = Usage()
+        self._record = current_request()  # the HTTP request this run answers, if any
+        if self._record is not None:
+            self._record.generated = True
 
     def collect(self) -> list[Choice]:
         """Run every choice to the end; the choices in index order."""
@@ -88,6 +93,7 @@ class GenerationRun:
             was_reasoning = output.in_reasoning
             step = Step(choice, output.feed(event.text))
             if isinstance(event, TokenEvent):
+                self._token_arrived(state)
                 if was_reasoning or any(isinstance(i, Reasoning) for i in step.events):
                     choice.reasoning_tokens += 1
                 if choice.logprobs is not None and event.logprob is not None:
@@ -100,6 +106,12 @@ class GenerationRun:
                 choice.add(item)
             yield step
 
+    def _token_arrived(self, state: _ChoiceState) -> None:
+        now = time.monotonic()
+        if self._record is not None:
+            self._record.token(now, state.last_token)
+        state.last_token = now
+
     def _finish(self, state: _ChoiceState, event: FinishEvent, step: Step) -> None:
         choice = state.choice
         choice.finish_reason = event.finish_reason
@@ -111,9 +123,13 @@ class GenerationRun:
         step.finished = True
         self.usage.reasoning_tokens += choice.reasoning_tokens
         self.usage.completion_tokens += event.completion_tokens
-        if state.plan.counts_prompt:
-            self.usage.prompt_tokens += event.prompt_tokens
-            self.usage.cached_tokens += event.cached_tokens
+        prompt, cached = (
+            (event.prompt_tokens, event.cached_tokens) if state.plan.counts_prompt else (0, 0)
+        )
+        self.usage.prompt_tokens += prompt
+        self.usage.cached_tokens += cached
+        if self._record is not None:
+            self._record.add_usage(prompt, cached, event.completion_tokens)
 
     def _events(self, on_idle: Callable[[], None]) -> Iterator[tuple[int, Any]]:
         """(choice index, event) up to every choice's FinishEvent; cancels the jobs left

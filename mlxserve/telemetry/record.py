@@ -1,0 +1,113 @@
+"""One request's record: its id (the client's X-Request-Id, or a new one), what it asked
+for and what it cost. The HTTP thread answering a request holds it in a context variable,
+so the service fills it in and every log line of the request carries its id."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+# A client's id is kept if it is short and plain (it goes into headers and log lines).
+CLIENT_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+
+def request_id(given: str | None) -> str:
+    """The client's X-Request-Id when it is usable, else a new one."""
+    if given and CLIENT_ID.fullmatch(given.strip()):
+        return given.strip()
+    return f"req_{secrets.token_hex(12)}"
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    method: str
+    path: str
+    started: float = field(default_factory=time.monotonic)
+    model: str | None = None  # the served model, once the request names one that exists
+    status: int | None = None
+    generated: bool = False  # it ran a generation (its tokens and latencies count)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    first_token: float | None = None  # monotonic time of the first generated token
+    token_gaps: list[float] = field(default_factory=list)  # seconds between tokens
+    finished: float | None = None
+
+    def token(self, at: float, previous: float | None) -> None:
+        """A token arrived at `at`; `previous` is its sequence's last token, if any."""
+        if self.first_token is None:
+            self.first_token = at
+        if previous is not None:
+            self.token_gaps.append(at - previous)
+
+    def add_usage(self, prompt: int, cached: int, completion: int) -> None:
+        self.prompt_tokens += prompt
+        self.cached_tokens += cached
+        self.completion_tokens += completion
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.started
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Decoding speed after the first token."""
+        if self.first_token is None or self.completion_tokens < 2:
+            return None
+        decoding = (self.finished or time.monotonic()) - self.first_token
+        return (self.completion_tokens - 1) / decoding if decoding > 0 else None
+
+    def access_line(self) -> str:
+        parts = [f'"{self.method} {self.path}" {self.status}']
+        if self.model is not None:
+            parts.append(f"model={self.model}")
+        if self.prompt_tokens or self.completion_tokens:
+            parts.append(
+                f"prompt={self.prompt_tokens} cached={self.cached_tokens} "
+                f"completion={self.completion_tokens}"
+            )
+        if self.ttft is not None:
+            parts.append(f"ttft={self.ttft:.3f}s")
+        if (speed := self.tokens_per_second) is not None:
+            parts.append(f"tok/s={speed:.1f}")
+        parts.append(f"time={self.elapsed:.3f}s")
+        return " ".join(parts)
+
+
+_current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
+    "mlxserve_request", default=None
+)
+
+
+def current_request() -> RequestRecord | None:
+    return _current.get()
+
+
+@contextmanager
+def recording(record: RequestRecord) -> Iterator[RequestRecord]:
+    token = _current.set(record)
+    try:
+        yield record
+    finally:
+        _current.reset(token)
+
+
+class RequestIdFilter(logging.Filter):
+    """Puts `[request id] ` before every log line written while a request is answered
+    (as `%(request)s`; empty outside requests)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = _current.get()
+        record.request = f"[{current.request_id}] " if current is not None else ""
+        return True
