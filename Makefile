@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench bench-structured clean
+.PHONY: install run test lint format bench bench-structured bench-soak clean
 
 install: $(VENV)/.installed
 
@@ -48,6 +48,9 @@ bench: install
 
 bench-structured: install
 	$(WITH_BLAS) $(PY) bench/structured.py $(ARGS)
+
+bench-soak: install
+	$(WITH_BLAS) $(PY) bench/soak.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

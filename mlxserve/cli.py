@@ -22,6 +22,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
 def model_alias(text: str) -> tuple[str, str]:
     name, sep, model = text.partition("=")
     if not sep or not name.strip() or not model.strip():
@@ -157,9 +164,17 @@ def parser() -> argparse.ArgumentParser:
         help="prompt tokens processed per decode step of the running streams",
     )
     p.add_argument(
+        "--memory-budget-gb",
+        type=positive_float,
+        help="memory for the weights and every KV cache (running requests, then the "
+        "prompt cache); a request that does not fit waits, one that never can is a 400 "
+        "(default: the device's recommended working set)",
+    )
+    p.add_argument(
         "--cache-limit-gb",
         type=float,
-        help="limit of MLX's buffer cache (memory kept for reuse after arrays are freed)",
+        help="limit of MLX's buffer cache (memory kept for reuse after arrays are freed; "
+        "default: a tenth of the memory budget, or MLX's own limit if lower)",
     )
     p.add_argument(
         "--image-dir",
@@ -247,6 +262,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
         cache_limit_gb=args.cache_limit_gb,
+        memory_budget_gb=args.memory_budget_gb,
         image_dirs=tuple(args.image_dir),
         max_image_bytes=args.max_image_bytes,
         max_image_pixels=args.max_image_pixels,

@@ -51,7 +51,8 @@ class ServerConfig:
     max_concurrent: int = 32
     max_queue: int = 256  # sequences waiting beyond the running ones; more get 503
     prefill_chunk: int = 256
-    cache_limit_gb: float | None = None  # MLX's buffer cache; None: MLX's default
+    cache_limit_gb: float | None = None  # MLX's buffer cache; None: a share of the budget
+    memory_budget_gb: float | None = None  # weights + KV caches; None: the device's own
     image_dirs: tuple[Path, ...] = ()  # local image files may be read from these (and model_dirs)
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 2048 * 2048  # larger images are downscaled, aspect kept

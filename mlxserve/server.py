@@ -20,6 +20,7 @@ from mlxserve.api.routes import Routes
 from mlxserve.config import ServerConfig
 from mlxserve.engine.batch import BatchLimits
 from mlxserve.engine.disk_cache import DiskCache
+from mlxserve.engine.memory import CACHE_LIMIT_SHARE, GB, device_memory
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, resolve_model_path
@@ -82,14 +83,14 @@ def build_server(config: ServerConfig) -> MLXServer:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
     limits = BatchLimits(config.max_concurrent, config.prefill_chunk)
-    worker = GenerationWorker(provider, cache, limits, config.max_concurrent + config.max_queue)
+    budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
+    capacity = config.max_concurrent + config.max_queue
+    worker = GenerationWorker(provider, cache, limits, capacity, budget)
     worker.start()
-    if config.cache_limit_gb is not None:
-        worker.call(lambda: mx.set_cache_limit(int(config.cache_limit_gb * 2**30)))
-        log.info("MLX buffer cache limit %.2f GB", config.cache_limit_gb)
+    worker.call(lambda: _bound_buffer_cache(config, budget))
     start = time.perf_counter()
     try:
-        worker.call(lambda: provider.activate(provider.default))
+        worker.call(lambda: worker.load(provider.default))
     except ServiceError as e:
         raise SystemExit(f"mlxserve: {e.message}") from e
     log.info("Serving %r from %s (ready in %.1fs)", config.model, path, time.perf_counter() - start)
@@ -99,8 +100,21 @@ def build_server(config: ServerConfig) -> MLXServer:
         waiting=lambda: worker.waiting,
         prompt_cache_bytes=lambda: cache.nbytes,
         model_bytes=provider.memory_by_model,
+        mlx_active_bytes=mx.get_active_memory,
+        mlx_cache_bytes=mx.get_cache_memory,
     )
     return MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
+
+
+def _bound_buffer_cache(config: ServerConfig, budget: int) -> None:
+    """MLX keeps freed buffers for reuse up to its cache limit (on Metal, as much as the
+    device's memory): bound it to a share of the budget unless MLX's own limit is lower."""
+    if config.cache_limit_gb is not None:
+        limit = int(config.cache_limit_gb * GB)
+    else:
+        limit = min(int(budget * CACHE_LIMIT_SHARE), mx.set_cache_limit(0))
+    mx.set_cache_limit(limit)
+    log.info("Memory budget %.2f GB; MLX buffer cache limit %.2f GB", budget / GB, limit / GB)
 
 
 def run(config: ServerConfig) -> None:

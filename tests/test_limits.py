@@ -3,9 +3,13 @@ otherwise, in each dialect's words), and the server's default output is clipped 
 
 from __future__ import annotations
 
+import threading
+
 import anthropic
 import pytest
 from conversations import BY_NAME
+from sse import open_stream
+from test_http import endless
 
 CHAT = "/v1/chat/completions"
 CONTEXT = 4096  # max_position_embeddings of the tiny chat model
@@ -94,3 +98,51 @@ def test_anthropic_words_it_as_anthropic_does(server, claude):
         "input length and `max_tokens` exceed context limit: "
         f"{used} + {CONTEXT} > {CONTEXT}, decrease input length or `max_tokens` and try again"
     )
+
+
+# Memory: tiny-chat's weights take 0.96 MB and its KV cache 512 bytes a token, so a budget
+# of 0.0025 GB (2.68 MB) leaves about 1.72 MB: some 3,360 tokens of KV cache in all.
+BUDGET = ("--memory-budget-gb", "0.0025")
+
+
+def memory_error(response) -> dict:
+    status, _, body = response
+    assert status == 400, body
+    assert body["error"]["code"] == "insufficient_memory"
+    return body["error"]
+
+
+def test_a_request_that_could_never_fit_the_memory_budget_is_refused(launch, tiny_model):
+    srv = launch(tiny_model, *BUDGET)
+    request = BY_NAME["capital"].request
+    error = memory_error(srv.post(CHAT, {**request, "max_tokens": 3500}))
+    assert error["param"] == "max_tokens"
+    assert "3500 max_tokens" in error["message"] and "memory budget" in error["message"]
+    # n sequences take n KV caches
+    error = memory_error(srv.post(CHAT, {**request, "max_tokens": 1700, "n": 2}))
+    assert "2 x (" in error["message"]
+    status, _, body = srv.post(CHAT, {**request, "max_tokens": 1700})
+    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+    assert any("Memory budget 0.00 GB" in line for line in srv.log)
+
+
+def test_a_request_that_does_not_fit_now_waits_for_memory(launch, tiny_model):
+    """Each request fits alone; two at once would not: the second waits for the first."""
+    srv = launch(tiny_model, *BUDGET, "--keepalive-seconds", "0.5")
+    conn, response = open_stream(
+        srv.url, CHAT, {**endless(tiny_model, max_tokens=3000), "stream": True}
+    )
+    response.readline()  # the first is decoding
+    second: list = []
+    waiting = threading.Thread(
+        target=lambda: second.append(
+            srv.post(CHAT, {**BY_NAME["capital"].request, "max_tokens": 1000})
+        )
+    )
+    waiting.start()
+    waiting.join(timeout=1.5)
+    assert waiting.is_alive(), second  # not answered while the first holds the memory
+    conn.close()
+    waiting.join(timeout=30)
+    status, _, body = second[0]
+    assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply

@@ -161,6 +161,8 @@ def test_metrics_add_up_to_the_usage_of_the_replies(tiny_model):
         assert sample(values, "mlxserve_model_memory_bytes", model=model) > 100_000
         assert sample(values, "mlxserve_prompt_cache_bytes") > 0
         assert sample(values, "process_resident_memory_bytes") > 0
+        assert sample(values, "mlxserve_mlx_active_memory_bytes") > 0
+        assert ("mlxserve_mlx_cache_memory_bytes", ()) in values
     finally:
         srv.stop()
 

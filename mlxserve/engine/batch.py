@@ -19,6 +19,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.engine.jobs import GenerationJob
+from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
@@ -28,6 +29,11 @@ from mlxserve.models.provider import LoadedModel
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 1024  # prompt tokens between two progress lines of a long prompt
+
+
+def reserved_tokens(job: GenerationJob) -> int:
+    """The most tokens a job's KV cache can hold."""
+    return len(job.prompt) + job.params.max_tokens
 
 
 def can_batch(loaded: LoadedModel) -> bool:
@@ -68,10 +74,19 @@ class _Admitted:
 
 
 class BatchSession:
-    def __init__(self, loaded: LoadedModel, cache: PromptCache, limits: BatchLimits):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache: PromptCache,
+        limits: BatchLimits,
+        kv_bytes: int | None = None,
+    ):
+        """`kv_bytes`: what the memory budget leaves for KV caches (None: no bound)."""
         self._loaded = loaded
         self._cache = cache
         self._limits = limits
+        self.kv_bytes = kv_bytes
+        self.footprint = measure_footprint(loaded.model)
         tokenizer = loaded.tokenizer
         self._generator = BatchGenerator(
             loaded.model,
@@ -100,6 +115,14 @@ class BatchSession:
         return [s.job for s in self._sequences.values()] + [
             job for a in self._admitted for job in a.jobs
         ]
+
+    def fits(self, jobs: list[GenerationJob]) -> bool:
+        """Whether `jobs` can join without the batch's KV caches, grown to every job's
+        prompt + max_tokens, going beyond the budget. An idle session takes anything."""
+        if self.kv_bytes is None or len(self) == 0:
+            return True
+        lengths = [reserved_tokens(job) for job in [*self.jobs(), *jobs]]
+        return self.footprint.batch(lengths) <= self.kv_bytes
 
     def admit(self, job: GenerationJob) -> None:
         """Queue a job. Jobs with the same prompt (a request's `n` choices, or a burst of
@@ -217,8 +240,10 @@ class BatchSession:
             del self._sequences[uid]
 
     def _trim_prompt_cache(self) -> None:
-        """The prompt cache's byte budget covers the caches of running sequences too."""
-        budget = self._cache.max_bytes
-        if budget is not None:
+        """The prompt cache's byte budget covers the caches of running sequences too; the
+        memory budget bounds it as well."""
+        budgets = [b for b in (self._cache.max_bytes, self.kv_bytes) if b is not None]
+        if budgets:
+            budget = min(budgets)
             waiting = sum(cache_bytes(a.hit.cache) for a in self._admitted)
             self._cache.trim_to(budget - self._generator.prompt_cache_nbytes - waiting)

@@ -18,12 +18,19 @@ from typing import Any
 
 from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
+from mlxserve.engine.memory import GB
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.single import generate_single
 from mlxserve.engine.vision import generate_vision
-from mlxserve.models.provider import LoadedModel, ModelProvider
-from mlxserve.protocol.errors import ServiceError, busy, internal_error, unavailable
+from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
+from mlxserve.protocol.errors import (
+    ServiceError,
+    bad_request,
+    busy,
+    internal_error,
+    unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +44,15 @@ GATHER_MAX_SECONDS = 0.03
 
 class GenerationWorker:
     def __init__(
-        self, provider: ModelProvider, cache: PromptCache, limits: BatchLimits, capacity: int
+        self,
+        provider: ModelProvider,
+        cache: PromptCache,
+        limits: BatchLimits,
+        capacity: int,
+        memory_budget: int | None = None,
     ):
         self._provider = provider
+        self._memory_budget = memory_budget  # bytes for weights and KV caches
         self._cache = cache
         self._limits = limits
         self._capacity = capacity  # jobs running or waiting; more are refused
@@ -82,6 +95,24 @@ class GenerationWorker:
     def waiting(self) -> int:
         """Sequences accepted and not decoding yet."""
         return max(0, self._in_flight - self.running)
+
+    def check_memory(
+        self, spec: ModelSpec, prompt_tokens: int, max_tokens: int, sequences: int, param: str
+    ) -> None:
+        """A 400 for a request whose KV caches alone would exceed the memory budget (known
+        once its model is loaded): it could never run."""
+        session = self._session
+        if session is None or session.spec != spec or session.kv_bytes is None:
+            return
+        need = session.footprint.batch([prompt_tokens + max_tokens] * sequences)
+        if need > session.kv_bytes:
+            raise bad_request(
+                f"This request needs {need / GB:.2f} GB of KV cache ({sequences} x "
+                f"({prompt_tokens} prompt + {max_tokens} max_tokens) tokens), more than the "
+                f"{session.kv_bytes / GB:.2f} GB the memory budget leaves after the weights.",
+                param=param,
+                code="insufficient_memory",
+            )
 
     def submit(self, jobs: list[GenerationJob]) -> None:
         """Queue one request's jobs (jobs with the same prompt share its prefill), or
@@ -171,6 +202,8 @@ class GenerationWorker:
             session = self._session
             if session is not None and len(session) > 0 and session.spec != jobs[0].spec:
                 return
+            if session is not None and session.spec == jobs[0].spec and not session.fits(jobs):
+                return  # it waits for running requests to free their KV caches
             self._pending.popleft()
             self._starting = jobs
             try:
@@ -180,10 +213,15 @@ class GenerationWorker:
                     job.emit(ErrorEvent(e))
             self._starting = []
 
-    def _start(self, jobs: list[GenerationJob]) -> None:
-        loaded = self._provider.activate(jobs[0].spec)
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        """Make `spec` the model served (generation thread only: through `call`)."""
+        loaded = self._provider.activate(spec)
         if loaded is not self._current:
             self._switch(loaded)
+        return loaded
+
+    def _start(self, jobs: list[GenerationJob]) -> None:
+        loaded = self.load(jobs[0].spec)
         if self._session is None:
             for job in jobs:
                 self._run_single(loaded, job)
@@ -199,7 +237,9 @@ class GenerationWorker:
         self._cache.persist = not loaded.spec.vision
         self._current = loaded
         if can_batch(loaded):
-            self._session = BatchSession(loaded, self._cache, self._limits)
+            budget = self._memory_budget
+            kv_bytes = None if budget is None else max(0, budget - loaded.nbytes)
+            self._session = BatchSession(loaded, self._cache, self._limits, kv_bytes)
         else:
             why = "a vision model" if loaded.spec.vision else "a draft model"
             log.info("Serving %s one request at a time (%s)", loaded.spec.path, why)

@@ -68,7 +68,7 @@ class ChatService:
             tools_in_request=tools,
             injected_tools=injected,
         )
-        max_tokens = self._fit(spec, request, len(prompt), request.messages_param)
+        max_tokens = self._fit(spec, request, len(prompt), request.messages_param, request.n)
         grammar = _usable(chat_grammar(request, tokenizer, prompt, markup), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         if request.reasoning_budget is not None:
@@ -116,7 +116,8 @@ class ChatService:
         spec, tokenizer = self.model(request.model)
         prompts = encode_prompts(tokenizer, request)
         longest = max(len(p) for p in prompts)
-        max_tokens = self._fit(spec, request, longest, request.prompt_param)
+        sequences = request.n * len(prompts)
+        max_tokens = self._fit(spec, request, longest, request.prompt_param, sequences)
         grammar = _usable(completion_grammar(request, tokenizer), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         return Prepared(
@@ -146,11 +147,25 @@ class ChatService:
         )
 
     def _fit(
+        self,
+        spec: ModelSpec,
+        request: GenerationRequest,
+        prompt_tokens: int,
+        prompt_param: str,
+        sequences: int,
+    ) -> int:
+        """The request's max_tokens, checked before any prefill against the context (see
+        `_context_room`) and the memory budget (`sequences` KV caches of that size)."""
+        max_tokens = self._context_room(spec, request, prompt_tokens, prompt_param)
+        param = request.max_tokens_param if request.max_tokens is not None else prompt_param
+        self.worker.check_memory(spec, prompt_tokens, max_tokens, sequences, param)
+        return max_tokens
+
+    def _context_room(
         self, spec: ModelSpec, request: GenerationRequest, prompt_tokens: int, prompt_param: str
     ) -> int:
-        """The request's max_tokens checked against the context, before any prefill: a
-        prompt that leaves no room, or an explicit max_tokens beyond the room left, is a
-        400; the server's default is clipped to the room left."""
+        """A prompt that leaves no room in the context, or an explicit max_tokens beyond the
+        room left, is a 400; the server's default is clipped to the room left."""
         default = self.config.defaults.max_tokens
         limit = self.provider.context_length(spec)
         if limit is None:

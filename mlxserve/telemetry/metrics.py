@@ -90,9 +90,19 @@ class Metrics:
         waiting: Callable[[], int],
         prompt_cache_bytes: Callable[[], int],
         model_bytes: Callable[[], Iterable[tuple[str, int]]],
+        mlx_active_bytes: Callable[[], int],
+        mlx_cache_bytes: Callable[[], int],
     ) -> None:
         """Gauges read from the server's parts at scrape time."""
         r = self.registry
+        Gauge(
+            "mlxserve_mlx_active_memory_bytes", "Memory in MLX arrays now.", registry=r
+        ).set_function(mlx_active_bytes)
+        Gauge(
+            "mlxserve_mlx_cache_memory_bytes",
+            "Freed memory MLX keeps for reuse (bounded by --cache-limit-gb).",
+            registry=r,
+        ).set_function(mlx_cache_bytes)
         Gauge("mlxserve_requests_running", "Sequences decoding.", registry=r).set_function(running)
         Gauge(
             "mlxserve_requests_waiting", "Sequences accepted, not yet decoding.", registry=r
