@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench bench-structured bench-soak clean
+.PHONY: install run test lint format bench bench-structured bench-soak bench-kv clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,9 @@ bench-structured: install
 
 bench-soak: install
 	$(WITH_BLAS) $(PY) bench/soak.py $(ARGS)
+
+bench-kv: install
+	$(WITH_BLAS) $(PY) bench/kv_quantization.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -164,6 +164,20 @@ def parser() -> argparse.ArgumentParser:
         help="prompt tokens processed per decode step of the running streams",
     )
     p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=[4, 8],
+        help="quantize the KV caches (running requests, prompt cache, disk tier) to this "
+        "many bits: about 3.6x (4) or 2x (8) less memory per token",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=[32, 64, 128],
+        default=64,
+        help="values sharing one scale in the quantized KV cache",
+    )
+    p.add_argument(
         "--memory-budget-gb",
         type=positive_float,
         help="memory for the weights and every KV cache (running requests, then the "
@@ -261,6 +275,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_concurrent=args.max_concurrent,
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
         cache_limit_gb=args.cache_limit_gb,
         memory_budget_gb=args.memory_budget_gb,
         image_dirs=tuple(args.image_dir),

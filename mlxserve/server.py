@@ -82,7 +82,9 @@ def build_server(config: ServerConfig) -> MLXServer:
     if config.prompt_cache_dir is not None:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
-    limits = BatchLimits(config.max_concurrent, config.prefill_chunk)
+    limits = BatchLimits(
+        config.max_concurrent, config.prefill_chunk, config.kv_bits, config.kv_group_size
+    )
     budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
     capacity = config.max_concurrent + config.max_queue
     worker = GenerationWorker(provider, cache, limits, capacity, budget)

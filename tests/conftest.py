@@ -144,6 +144,12 @@ def family(request, server):
 
 
 @pytest.fixture(scope="session")
+def wide_heads_model() -> Path:
+    """tiny-chat with 32-dimensional heads, which a quantized KV cache can hold."""
+    return fixture_models.build(fixture_models.TINY_CHAT_WIDE_HEADS, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
 def agent_model() -> Path:
     """A Qwen3-architecture model that answers any prompt with AGENT_REPLY."""
     return fixture_models.build(fixture_models.TINY_AGENT, cache_root() / "fixtures")

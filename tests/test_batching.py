@@ -44,17 +44,22 @@ def concurrently(fn, items) -> list:
 
 
 @pytest.mark.parametrize(
-    ("model_fixture", "conversations"),
-    [("tiny_model", CONVERSATIONS), ("harmony_model", HARMONY_CONVERSATIONS)],
-    ids=["qwen3", "gpt-oss"],
+    ("model_fixture", "conversations", "flags"),
+    [
+        ("tiny_model", CONVERSATIONS, ()),
+        ("harmony_model", HARMONY_CONVERSATIONS, ()),
+        ("wide_heads_model", CONVERSATIONS, ("--kv-bits", "4", "--kv-group-size", "32")),
+    ],
+    ids=["qwen3", "gpt-oss", "qwen3-kv4"],
 )
 def test_greedy_output_is_identical_alone_and_batched(
-    request, launch, model_fixture, conversations
+    request, launch, model_fixture, conversations, flags
 ):
     """Alone, then all at once beside a long-running stream (so every one joins a running
-    batch), streamed and not: the same tokens and the same message every time."""
+    batch), streamed and not: the same tokens and the same message every time. Also with
+    a quantized KV cache, whose batched form is mlxserve's own."""
     model = request.getfixturevalue(model_fixture)
-    srv = launch(model, "--prompt-cache-size", "0")
+    srv = launch(model, "--prompt-cache-size", "0", *flags)
     alone = [tokens_and_message(srv, c.request, streamed=False) for c in conversations]
     assert all(tokens for tokens, _ in alone)
     background = endless_stream(srv, model, ENDS[model_fixture])
@@ -69,6 +74,7 @@ def test_greedy_output_is_identical_alone_and_batched(
 # Tokens that would end a reply, per fixture model.
 ENDS = {
     "tiny_model": ("<|im_end|>",),
+    "wide_heads_model": ("<|im_end|>",),
     "harmony_model": ("<|return|>", "<|call|>", "<|endoftext|>"),
 }
 

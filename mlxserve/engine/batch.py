@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +22,12 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
+from mlxserve.engine.quantized_cache import quantized_cache_factory
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
 from mlxserve.models.provider import LoadedModel
+from mlxserve.protocol.errors import bad_request
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,12 @@ LOG_EVERY = 1024  # prompt tokens between two progress lines of a long prompt
 def reserved_tokens(job: GenerationJob) -> int:
     """The most tokens a job's KV cache can hold."""
     return len(job.prompt) + job.params.max_tokens
+
+
+def _cache_factory(model: Any, limits: BatchLimits) -> Callable[[], list[Any]]:
+    if limits.kv_bits is None:
+        return lambda: make_prompt_cache(model)
+    return quantized_cache_factory(model, limits.kv_bits, limits.kv_group_size)
 
 
 def can_batch(loaded: LoadedModel) -> bool:
@@ -48,6 +57,8 @@ def can_batch(loaded: LoadedModel) -> bool:
 class BatchLimits:
     decode: int = 32  # sequences decoding together
     prefill_chunk: int = 256  # prompt tokens processed per loop iteration
+    kv_bits: int | None = None  # KV caches quantized to this many bits (None: not)
+    kv_group_size: int = 64
 
 
 @dataclass
@@ -86,7 +97,18 @@ class BatchSession:
         self._cache = cache
         self._limits = limits
         self.kv_bytes = kv_bytes
-        self.footprint = measure_footprint(loaded.model)
+        self._make_cache = _cache_factory(loaded.model, limits)
+        # Entries of another KV layout must never meet this one's (the disk tier outlives us).
+        self._key = loaded.spec.key + (
+            f"|kv{limits.kv_bits}/{limits.kv_group_size}" if limits.kv_bits else ""
+        )
+        try:
+            self.footprint = measure_footprint(loaded.model, self._make_cache())
+        except ValueError as e:  # a head that cannot be split into quantization groups
+            raise bad_request(
+                f"This model's KV cache cannot be quantized with --kv-bits "
+                f"{limits.kv_bits} --kv-group-size {limits.kv_group_size}: {e}"
+            ) from e
         tokenizer = loaded.tokenizer
         self._generator = BatchGenerator(
             loaded.model,
@@ -132,8 +154,7 @@ class BatchSession:
             if admitted.jobs[0].prompt == job.prompt:
                 admitted.jobs.append(job)
                 return
-        model = self._loaded.model
-        hit = self._cache.fetch(self.spec.key, lambda: make_prompt_cache(model), job.prompt)
+        hit = self._cache.fetch(self._key, self._make_cache, job.prompt)
         self._admitted.append(_Admitted([job], hit, time.perf_counter()))
         self._trim_prompt_cache()
 
@@ -151,7 +172,7 @@ class BatchSession:
             sequence = self._sequences[r.uid]
             hit_stop = sequence.output.add(r.token, r.logprobs, r.finish_reason)
             if r.finish_reason is not None:
-                self._cache.store(self.spec.key, list(r.all_tokens), r.prompt_cache)
+                self._cache.store(self._key, list(r.all_tokens), r.prompt_cache)
                 sequence.output.finish(r.finish_reason)
                 finished.append(r.uid)
             elif hit_stop:
@@ -213,7 +234,7 @@ class BatchSession:
             if all(job.cancelled.is_set() for job in admitted.jobs):
                 self._admitted.remove(admitted)
                 if admitted.hit.cached_tokens < len(admitted.processed()):
-                    self._cache.store(self.spec.key, admitted.processed(), admitted.hit.cache)
+                    self._cache.store(self._key, admitted.processed(), admitted.hit.cache)
 
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer
@@ -235,7 +256,7 @@ class BatchSession:
             return
         caches = self._generator.remove(uids, return_prompt_caches=keep_cache)
         for cache, tokens in caches.values():
-            self._cache.store(self.spec.key, list(tokens), cache)
+            self._cache.store(self._key, list(tokens), cache)
         for uid in uids:
             del self._sequences[uid]
 

@@ -23,6 +23,7 @@ import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache, save_prompt_cache
 from safetensors import safe_open
 
+from mlxserve.engine.quantized_cache import batchable, portable
 from mlxserve.engine.token_prefix import usable_prefix
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class DiskCache:
             TOKENS_FIELD: json.dumps(tokens.tolist()),
             TRIMMABLE_FIELD: json.dumps(trimmable),
         }
-        save_prompt_cache(str(partial), cache, metadata)
+        save_prompt_cache(str(partial), portable(cache), metadata)
         checksum = _checksum(partial)
         path = self._folder / f"{partial.name.split('.')[0]}.{checksum}{SUFFIX}"
         os.replace(partial, path)
@@ -126,7 +127,7 @@ class DiskCache:
         try:
             if _checksum(best) != self._files[best].checksum:
                 raise ValueError("its bytes do not match its checksum")
-            cache = load_prompt_cache(str(best))
+            cache = batchable(load_prompt_cache(str(best)))
         except Exception as e:  # a damaged file is a cache miss, never a failed request
             log.warning("Dropping unreadable prompt cache file %s: %s", best, e)
             self._remove(best)
