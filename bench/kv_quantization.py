@@ -25,16 +25,22 @@ from bench import Workload, concurrent, single_stream
 CONFIGS = {"plain": (), "kv8": ("--kv-bits", "8"), "kv4": ("--kv-bits", "4")}
 
 
-def kv_bytes_per_token(target: Target, w: Workload) -> float:
-    """One fresh prompt, then the prompt cache's bytes over the tokens it holds."""
-    messages = w.user(w.long_prompt)
-    target.chat(messages, 1, w.logit_bias)
+def prompt_cache_bytes(target: Target) -> float:
     conn = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
     conn.request("GET", "/metrics")
     for line in conn.getresponse().read().decode().splitlines():
         if line.startswith("mlxserve_prompt_cache_bytes "):
-            return float(line.split()[1]) / (len(w.prompt_ids(messages)) + 1)
+            return float(line.split()[1])
     raise RuntimeError("no mlxserve_prompt_cache_bytes in /metrics")
+
+
+def kv_bytes_per_token(target: Target, w: Workload) -> float:
+    """What one fresh prompt adds to the prompt cache, over the tokens it holds."""
+    messages = w.user(w.long_prompt)
+    before = prompt_cache_bytes(target)
+    target.chat(messages, 1, w.logit_bias)
+    added = prompt_cache_bytes(target) - before
+    return added / (len(w.prompt_ids(messages)) + 1)
 
 
 def measure(kind: str, target: Target, w: Workload) -> dict[str, float]:

@@ -126,3 +126,36 @@ def test_a_bug_mid_stream_still_ends_the_stream_properly(tiny_model, monkeypatch
         server.shutdown()
         server.server_close()
         server.routes.service.worker.stop()
+
+
+def test_a_failure_while_joining_the_batch_answers_the_request(tiny_model, monkeypatch):
+    """A request whose prompt is done but whose insertion into the batch fails was held
+    by nobody: it waited forever. It gets the 500, and the next request is served."""
+    insert = batch.BatchSession._insert
+    failed = threading.Event()
+
+    def fail_once(self, *args) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("injected failure")
+        insert(self, *args)
+
+    monkeypatch.setattr(batch.BatchSession, "_insert", fail_once)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    server = build_server(ServerConfig(model=str(tiny_model), port=0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = Server(process=None, url=server.url.removesuffix("/v1"))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            status, _, body = pool.submit(client.post, CHAT, BY_NAME["capital"].request).result(
+                timeout=60
+            )
+        assert status == 500 and "injected failure" in body["error"]["message"]
+        status, _, body = client.post(CHAT, BY_NAME["capital"].request)
+        assert (
+            status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.routes.service.worker.stop()

@@ -7,6 +7,7 @@ import threading
 
 import anthropic
 import pytest
+from conftest import start_server
 from conversations import BY_NAME
 from sse import open_stream
 from test_http import endless
@@ -146,3 +147,9 @@ def test_a_request_that_does_not_fit_now_waits_for_memory(launch, tiny_model):
     waiting.join(timeout=30)
     status, _, body = second[0]
     assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
+
+
+def test_a_budget_smaller_than_the_weights_is_a_clear_start_up_error(tiny_model):
+    with pytest.raises(RuntimeError) as error:
+        start_server(tiny_model, "--memory-budget-gb", "0.0005")
+    assert "The memory budget (0.00 GB) does not hold the weights" in str(error.value)

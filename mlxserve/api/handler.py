@@ -282,4 +282,7 @@ class APIHandler(BaseHTTPRequestHandler):
         log.debug("%s - %s", self.address_string(), format % args)
 
     def log_request(self, code="-", size="-") -> None:
-        pass  # each request's access-log line is written once it is answered
+        """Answered requests get their access-log line from `_handle`; this line is for
+        what http.server refuses itself (a malformed request line)."""
+        if self.record is None:
+            access_log.info('"%s" %s', self.requestline, code)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
-from mlxserve.engine.quantized_cache import quantized_cache_factory
+from mlxserve.engine.quantized_cache import KVQuantization
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
@@ -37,12 +36,6 @@ LOG_EVERY = 1024  # prompt tokens between two progress lines of a long prompt
 def reserved_tokens(job: GenerationJob) -> int:
     """The most tokens a job's KV cache can hold."""
     return len(job.prompt) + job.params.max_tokens
-
-
-def _cache_factory(model: Any, limits: BatchLimits) -> Callable[[], list[Any]]:
-    if limits.kv_bits is None:
-        return lambda: make_prompt_cache(model)
-    return quantized_cache_factory(model, limits.kv_bits, limits.kv_group_size)
 
 
 def can_batch(loaded: LoadedModel) -> bool:
@@ -97,13 +90,15 @@ class BatchSession:
         self._cache = cache
         self._limits = limits
         self.kv_bytes = kv_bytes
-        self._make_cache = _cache_factory(loaded.model, limits)
+        self._quantization = (
+            KVQuantization(limits.kv_bits, limits.kv_group_size) if limits.kv_bits else None
+        )
         # Entries of another KV layout must never meet this one's (the disk tier outlives us).
         self._key = loaded.spec.key + (
             f"|kv{limits.kv_bits}/{limits.kv_group_size}" if limits.kv_bits else ""
         )
         try:
-            self.footprint = measure_footprint(loaded.model, self._make_cache())
+            self.footprint = measure_footprint(loaded.model, self._batch_layout(self._fresh()))
         except ValueError as e:  # a head that cannot be split into quantization groups
             raise bad_request(
                 f"This model's KV cache cannot be quantized with --kv-bits "
@@ -154,7 +149,9 @@ class BatchSession:
             if admitted.jobs[0].prompt == job.prompt:
                 admitted.jobs.append(job)
                 return
-        hit = self._cache.fetch(self._key, self._make_cache, job.prompt)
+        hit = self._cache.fetch(self._key, self._fresh, job.prompt)
+        if self._quantization is not None and hit.rest:
+            hit.cache = self._quantization.plain(hit.cache)
         self._admitted.append(_Admitted([job], hit, time.perf_counter()))
         self._trim_prompt_cache()
 
@@ -207,13 +204,14 @@ class BatchSession:
             index, tokens = plan.chunk
             self._process_chunk(self._admitted[index], tokens)
         for admitted in [self._admitted[i] for i in plan.insert]:
-            self._admitted.remove(admitted)
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
             hit = admitted.hit
             for i, job in enumerate(jobs):
                 self._insert(
                     job, hit.cache if i == len(jobs) - 1 else copy.deepcopy(hit.cache), hit
                 )
+            # Only now: if an insertion fails, its jobs are still found (and answered).
+            self._admitted.remove(admitted)
 
     def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
         """Process the next `tokens` of a prompt too long to join the batch in one go."""
@@ -236,8 +234,16 @@ class BatchSession:
                 if admitted.hit.cached_tokens < len(admitted.processed()):
                     self._cache.store(self._key, admitted.processed(), admitted.hit.cache)
 
+    def _fresh(self) -> list[Any]:
+        return make_prompt_cache(self._loaded.model)
+
+    def _batch_layout(self, cache: list[Any]) -> list[Any]:
+        """The cache as it decodes in the batch: quantized with --kv-bits."""
+        return cache if self._quantization is None else self._quantization.quantized(cache)
+
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer
+        cache = self._batch_layout(cache)
         params = job.params
         rest = hit.rest
         (uid,) = self._generator.insert(

@@ -11,12 +11,13 @@ cache cannot be quantized (sliding windows, state-space layers) stay as they are
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, dynamic_roll, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, dynamic_roll
 
 Triple = tuple[mx.array, mx.array, mx.array]  # packed data, scales, biases
 
@@ -33,16 +34,45 @@ class QuantizedCache(QuantizedKVCache):
         return 0 if self.keys is None else super().nbytes  # mlx-lm's fails while empty
 
 
-def quantized_cache_factory(model: Any, bits: int, group_size: int) -> Callable[[], list[Any]]:
-    """Fresh caches for `model` with every plain KV layer quantized."""
+@dataclass(frozen=True)
+class KVQuantization:
+    """--kv-bits and --kv-group-size. A prompt is processed at full precision (quantized
+    attention over a long prompt is several times slower), on a cache taken back to full
+    precision if it came quantized from the prompt cache, and quantized as it joins the
+    batch, where decoding attends to the quantized keys and values."""
 
-    def make() -> list[Any]:
-        return [
-            QuantizedCache(group_size, bits) if type(c) is KVCache else c
-            for c in make_prompt_cache(model)
-        ]
+    bits: int
+    group_size: int
 
-    return make
+    def quantized(self, cache: list[Any]) -> list[Any]:
+        """The cache with every plain KV layer quantized (others as they are)."""
+        return [self._layer(c) if type(c) is KVCache else c for c in cache]
+
+    def plain(self, cache: list[Any]) -> list[Any]:
+        """The cache with every quantized layer back at full precision, to process more
+        prompt on it (quantizing again gives the same values: they lie on the grid)."""
+        return [self._dequantized(c) if isinstance(c, QuantizedKVCache) else c for c in cache]
+
+    def _dequantized(self, layer: QuantizedKVCache) -> KVCache:
+        plain = KVCache()
+        if layer.keys is not None:
+            plain.keys, plain.values = (
+                mx.dequantize(*triple, group_size=layer.group_size, bits=layer.bits)[
+                    ..., : layer.offset, :
+                ]
+                for triple in (layer.keys, layer.values)
+            )
+            plain.offset = layer.offset
+        return plain
+
+    def _layer(self, plain: KVCache) -> QuantizedCache:
+        layer = QuantizedCache(self.group_size, self.bits)
+        if plain.keys is not None:
+            keys, values = (x[..., : plain.offset, :] for x in (plain.keys, plain.values))
+            layer.keys = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
+            layer.values = mx.quantize(values, group_size=self.group_size, bits=self.bits)
+            layer.offset = plain.offset
+        return layer
 
 
 def portable(cache: list[Any]) -> list[Any]:

@@ -230,19 +230,34 @@ class GenerationWorker:
             self._session.admit(job)
 
     def _switch(self, loaded: LoadedModel) -> None:
+        """Serve `loaded` from now on; if it cannot be served with these settings (its
+        weights beyond the memory budget, a cache that cannot be quantized), the error
+        goes to the request and the next request for it tries again."""
+        kv_bytes = self._kv_bytes(loaded)
         if self._session is not None:
             self._session.close()
             self._session = None
+        self._current = None
         self._cache.clear()
         self._cache.persist = not loaded.spec.vision
-        self._current = loaded
         if can_batch(loaded):
-            budget = self._memory_budget
-            kv_bytes = None if budget is None else max(0, budget - loaded.nbytes)
             self._session = BatchSession(loaded, self._cache, self._limits, kv_bytes)
         else:
             why = "a vision model" if loaded.spec.vision else "a draft model"
             log.info("Serving %s one request at a time (%s)", loaded.spec.path, why)
+        self._current = loaded
+
+    def _kv_bytes(self, loaded: LoadedModel) -> int | None:
+        """What the memory budget leaves for KV caches beside the weights."""
+        budget = self._memory_budget
+        if budget is None:
+            return None
+        if budget <= loaded.nbytes:
+            raise bad_request(
+                f"The memory budget ({budget / GB:.2f} GB) does not hold the weights of "
+                f"{loaded.spec.path.name} ({loaded.nbytes / GB:.2f} GB)."
+            )
+        return budget - loaded.nbytes
 
     def _run_single(self, loaded: LoadedModel, job: GenerationJob) -> None:
         generate = generate_vision if loaded.spec.vision else generate_single
