@@ -98,7 +98,10 @@ class BatchSession:
             f"|kv{limits.kv_bits}/{limits.kv_group_size}" if limits.kv_bits else ""
         )
         try:
-            self.footprint = measure_footprint(loaded.model, self._batch_layout(self._fresh()))
+            fresh = self._fresh()
+            if self._quantization is not None:
+                fresh = self._quantization.quantized(fresh)
+            self.footprint = measure_footprint(loaded.model, fresh)
         except ValueError as e:  # a head that cannot be split into quantization groups
             raise bad_request(
                 f"This model's KV cache cannot be quantized with --kv-bits "
@@ -237,15 +240,16 @@ class BatchSession:
     def _fresh(self) -> list[Any]:
         return make_prompt_cache(self._loaded.model)
 
-    def _batch_layout(self, cache: list[Any]) -> list[Any]:
-        """The cache as it decodes in the batch: quantized with --kv-bits."""
-        return cache if self._quantization is None else self._quantization.quantized(cache)
-
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer
-        cache = self._batch_layout(cache)
         params = job.params
         rest = hit.rest
+        if self._quantization is not None:
+            # The prompt's last chunk at full precision too; the batch quantizes from here.
+            if len(rest) > 1:
+                self._loaded.model(mx.array(rest[:-1])[None], cache=cache)
+                rest = rest[-1:]
+            cache = self._quantization.quantized(cache)
         (uid,) = self._generator.insert(
             [rest],
             max_tokens=[params.max_tokens],
