@@ -4,7 +4,9 @@ with the message, the loop starts again, and the server keeps serving."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 from conftest import Server
@@ -16,6 +18,20 @@ from mlxserve.engine import batch
 from mlxserve.server import build_server
 
 CHAT = "/v1/chat/completions"
+
+
+@contextmanager
+def in_process(model, monkeypatch) -> Iterator[Server]:
+    """A server in this process (so a test can patch the engine), stopped afterwards."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    server = build_server(ServerConfig(model=str(model), port=0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield Server(process=None, url=server.url.removesuffix("/v1"))
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.routes.service.worker.stop()
 
 
 @pytest.fixture
@@ -35,11 +51,7 @@ def failing_once(monkeypatch):
 
 
 def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_once, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server = build_server(ServerConfig(model=str(tiny_model), port=0))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    client = Server(process=None, url=server.url.removesuffix("/v1"))
-    try:
+    with in_process(tiny_model, monkeypatch) as client:
         bodies = [endless(tiny_model, max_tokens=3000), BY_NAME["capital"].request]
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(client.post, CHAT, bodies[0])
@@ -57,10 +69,6 @@ def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_
         assert (
             status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
         )
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.routes.service.worker.stop()
 
 
 def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
@@ -76,12 +84,9 @@ def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
         step(self)
 
     monkeypatch.setattr(batch.BatchSession, "step", fail_on_the_tenth)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server = build_server(ServerConfig(model=str(tiny_model), port=0))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     story = {"model": "default", "max_tokens": 300, "messages": BY_NAME["story"].messages}
-    try:
-        events = named_events(stream(server.url.removesuffix("/v1"), "/v1/messages", story))
+    with in_process(tiny_model, monkeypatch) as client:
+        events = named_events(stream(client.url, "/v1/messages", story))
         assert [name for name, _ in events[:3]] == [
             "message_start",
             "content_block_start",
@@ -90,10 +95,6 @@ def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
         assert events[-1][0] == "error"
         error = events[-1][1]["error"]
         assert error["type"] == "api_error" and "injected failure" in error["message"]
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.routes.service.worker.stop()
 
 
 def test_a_bug_mid_stream_still_ends_the_stream_properly(tiny_model, monkeypatch):
@@ -112,20 +113,13 @@ def test_a_bug_mid_stream_still_ends_the_stream_properly(tiny_model, monkeypatch
         return event_chunk(self, *args)
 
     monkeypatch.setattr(ChatFormat, "event_chunk", fail_on_the_fifth)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server = build_server(ServerConfig(model=str(tiny_model), port=0))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with in_process(tiny_model, monkeypatch) as client:
         # stream() reads the body to its end: a cut chunked body raises IncompleteRead.
-        got = stream(server.url.removesuffix("/v1"), CHAT, BY_NAME["story"].request)
+        got = stream(client.url, CHAT, BY_NAME["story"].request)
         assert got.data[-1] == "[DONE]"
         assert len(got.chunks) == 6  # the role chunk, four deltas, the error
         error = got.chunks[-1]["error"]
         assert error["type"] == "server_error" and "injected bug" in error["message"]
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.routes.service.worker.stop()
 
 
 def test_a_failure_while_joining_the_batch_answers_the_request(tiny_model, monkeypatch):
@@ -141,11 +135,7 @@ def test_a_failure_while_joining_the_batch_answers_the_request(tiny_model, monke
         insert(self, *args)
 
     monkeypatch.setattr(batch.BatchSession, "_insert", fail_once)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server = build_server(ServerConfig(model=str(tiny_model), port=0))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    client = Server(process=None, url=server.url.removesuffix("/v1"))
-    try:
+    with in_process(tiny_model, monkeypatch) as client:
         with ThreadPoolExecutor(1) as pool:
             status, _, body = pool.submit(client.post, CHAT, BY_NAME["capital"].request).result(
                 timeout=60
@@ -155,7 +145,3 @@ def test_a_failure_while_joining_the_batch_answers_the_request(tiny_model, monke
         assert (
             status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
         )
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.routes.service.worker.stop()
