@@ -83,7 +83,10 @@ class APIHandler(BaseHTTPRequestHandler):
     def _handle(self, route) -> None:
         """Answer one request, then write its access-log line and count it."""
         self.record = RequestRecord(
-            request_id(self.headers.get("X-Request-Id")), self.command, self.path
+            request_id(self.headers.get("X-Request-Id")),
+            self.command,
+            self.path,
+            on_token_gap=self.server.metrics.observe_token_gap,
         )
         with recording(self.record):
             path = self._answer(route)

@@ -124,9 +124,9 @@ class Metrics:
         self.generation_tokens.labels(model).inc(record.completion_tokens)
         if record.ttft is not None:
             self.ttft.labels(model).observe(record.ttft)
-        gaps = self.inter_token.labels(model)
-        for gap in record.token_gaps:
-            gaps.observe(gap)
+
+    def observe_token_gap(self, model: str, seconds: float) -> None:
+        self.inter_token.labels(model).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

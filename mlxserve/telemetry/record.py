@@ -9,7 +9,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -37,15 +37,16 @@ class RequestRecord:
     cached_tokens: int = 0
     completion_tokens: int = 0
     first_token: float | None = None  # monotonic time of the first generated token
-    token_gaps: list[float] = field(default_factory=list)  # seconds between tokens
     finished: float | None = None
+    # Told each gap between two tokens of a sequence (model, seconds), as it happens.
+    on_token_gap: Callable[[str, float], None] | None = None
 
     def token(self, at: float, previous: float | None) -> None:
         """A token arrived at `at`; `previous` is its sequence's last token, if any."""
         if self.first_token is None:
             self.first_token = at
-        if previous is not None:
-            self.token_gaps.append(at - previous)
+        if previous is not None and self.on_token_gap is not None:
+            self.on_token_gap(self.model or "", at - previous)
 
     def add_usage(self, prompt: int, cached: int, completion: int) -> None:
         self.prompt_tokens += prompt
