@@ -21,8 +21,10 @@ def open_endless(srv, model, path: str):
     return conn, response
 
 
+# 50 tries in all: the exit that used to abort ("terminate called without an active
+# exception", 134) came one time in three; each try takes about 1.5 s.
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-@pytest.mark.parametrize("attempt", range(3))
+@pytest.mark.parametrize("attempt", range(25))
 def test_a_signal_ends_open_streams_and_exits_0(tiny_model, sig, attempt):
     srv = start_server(tiny_model)
     try:
