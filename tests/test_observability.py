@@ -12,6 +12,7 @@ from conftest import start_server
 from conversations import BY_NAME
 from prometheus_client.parser import text_string_to_metric_families
 from sse import open_stream, stream
+from test_batching import concurrently
 from test_http import endless
 
 CHAT = "/v1/chat/completions"
@@ -236,3 +237,26 @@ def test_tokenize_mistakes_are_client_errors(fresh, path, body, status, param):
     code, _, reply = fresh.post(path, body)
     assert code == status, reply
     assert reply["error"]["param"] == param
+
+
+def test_the_prompt_cache_holds_the_memory_it_reports(tiny_model):
+    """Entries sliced out of a batch used to keep the whole batch's buffers alive until
+    they were computed: MLX held several times the bytes the prompt cache counted."""
+    srv = start_server(tiny_model)
+    try:
+        base = sample(metrics(srv), "mlxserve_mlx_active_memory_bytes")
+        bodies = [
+            {
+                "messages": [{"role": "user", "content": f"Story {i}: " + "lemon tree " * 40 * i}],
+                "max_tokens": 60,
+            }
+            for i in range(1, 9)
+        ]
+        concurrently(lambda body: srv.post(CHAT, body), bodies)
+        values = metrics_when(srv, lambda v: answered(v) == 8)
+        held = sample(values, "mlxserve_mlx_active_memory_bytes") - base
+        cached = sample(values, "mlxserve_prompt_cache_bytes")
+        assert cached > 0
+        assert held <= 1.1 * cached + 64 * 1024, (held, cached)
+    finally:
+        srv.stop()

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
@@ -123,6 +124,9 @@ class PromptCache:
             # Shorter entries on the same path are covered by this one (it can be trimmed).
             for other in [i for i, e in self._entries.items() if _is_prefix(i, e, key, array)]:
                 self._drop(other)
+        # An unevaluated cache (a row just sliced out of a batch) holds the whole batch's
+        # buffers until it is computed: computing it now leaves only its own bytes.
+        mx.eval([c.state for c in cache])
         entry = _Entry(array, cache, cache_bytes(cache))
         self._entries[ident] = entry
         self._nbytes += entry.nbytes
