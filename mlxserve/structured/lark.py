@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 ANY_TEXT = "/(?s:.*)/"
-# Options a choice may have: 10,000 compile in about 0.3 s on a laptop core; near 65,000 the
+# Options a choice may have: 10,000 compile in about 0.3 s (2-core x86 CPU); near 65,000 the
 # engine's symbol table overflows (a panic, after 12 s of work on the request's thread).
 MAX_CHOICES = 10_000
 AFTER_THOUGHT = r"/[ \n]{0,2}/"  # the blank line models put between reasoning and answer
