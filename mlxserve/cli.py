@@ -216,6 +216,18 @@ def parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds allowed for fetching an image URL",
     )
+    p.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=1000,
+        help="most Responses API responses kept for previous_response_id (0: none)",
+    )
+    p.add_argument(
+        "--responses-store-mb",
+        type=positive_float,
+        default=256.0,
+        help="most megabytes (as JSON) the stored responses take; least recently used go first",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"mlxserve {__version__}")
     return p
@@ -283,6 +295,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_image_bytes=args.max_image_bytes,
         max_image_pixels=args.max_image_pixels,
         image_fetch_timeout=args.image_fetch_timeout,
+        responses_store_size=args.responses_store_size,
+        responses_store_mb=args.responses_store_mb,
     )
 
 

@@ -47,6 +47,9 @@ class Server:
     def get(self, path: str, headers: dict | None = None, timeout: float = 30):
         return _send(urllib.request.Request(self.url + path, headers=headers or {}), timeout)
 
+    def delete(self, path: str, timeout: float = 30):
+        return _send(urllib.request.Request(self.url + path, method="DELETE"), timeout)
+
     def stop(self) -> None:
         self.process.terminate()
         try:

@@ -97,6 +97,35 @@ def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
         assert error["type"] == "api_error" and "injected failure" in error["message"]
 
 
+def test_a_failure_mid_stream_is_a_failed_response(tiny_model, monkeypatch):
+    """A Responses stream that has begun ends with an `error` event and
+    `response.failed`, whose response (the text so far, the error) is the one stored."""
+    from sse import stream
+
+    step, steps = batch.BatchSession.step, []
+
+    def fail_on_the_tenth(self) -> None:
+        steps.append(1)
+        if len(steps) == 10:
+            raise RuntimeError("injected failure")
+        step(self)
+
+    monkeypatch.setattr(batch.BatchSession, "step", fail_on_the_tenth)
+    story = {"model": "default", "max_output_tokens": 300, "input": BY_NAME["story"].messages}
+    with in_process(tiny_model, monkeypatch) as client:
+        events = stream(client.url, "/v1/responses", story).chunks
+        assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+        error = events[-2]
+        assert error["code"] == "internal_error" and "injected failure" in error["message"]
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and failed["usage"] is None
+        assert failed["error"] == {k: error[k] for k in ("code", "message", "param")}
+        [message] = failed["output"]
+        assert BY_NAME["story"].reply.startswith(message["content"][0]["text"])
+        status, _, stored = client.get(f"/v1/responses/{failed['id']}")
+        assert status == 200 and stored == failed
+
+
 def test_a_bug_mid_stream_still_ends_the_stream_properly(tiny_model, monkeypatch):
     """An unexpected exception while a stream is written (here: in the OpenAI chunk
     renderer) ends it with an error event, `[DONE]` and the chunked body's last chunk."""

@@ -19,6 +19,7 @@ from mlxserve.api.routes import (
     METRICS_PATHS,
     MODEL_PREFIXES,
     MODELS_PATHS,
+    RESPONSE_PREFIXES,
     Routes,
 )
 from mlxserve.protocol.errors import (
@@ -54,7 +55,7 @@ class APIHandler(BaseHTTPRequestHandler):
     def do_OPTIONS(self) -> None:
         self.record = RequestRecord(request_id(self.headers.get("X-Request-Id")), "OPTIONS", "")
         self.send_response(204)
-        self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+        self.send_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
         # The SDKs in a browser also send their own x-stainless-* headers: allow what is asked.
         asked = self.headers.get("Access-Control-Request-Headers")
         self.send_header("Access-Control-Allow-Headers", asked or ALLOWED_HEADERS)
@@ -69,6 +70,10 @@ class APIHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         with self.server.answering():
             self._handle(self._post)
+
+    def do_DELETE(self) -> None:
+        with self.server.answering():
+            self._handle(self._delete)
 
     def parse_request(self) -> bool:
         self.record = None  # a malformed request line is answered without the last one's id
@@ -128,8 +133,19 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send(200, self.server.metrics.render(), METRICS_CONTENT_TYPE)
         elif path.startswith(MODEL_PREFIXES):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
+        elif path.startswith(RESPONSE_PREFIXES):
+            self._send_json(200, self._stored_response(path))
         else:
             self._unknown(path, tuple(self.server.routes.post))
+
+    def _delete(self, path: str) -> None:
+        if not path.startswith(RESPONSE_PREFIXES):
+            self._unknown(path, (*self.server.routes.post, *GET_PATHS))
+        self._send_json(200, self._stored_response(path))
+
+    def _stored_response(self, path: str) -> dict:
+        query = urlsplit(self.path).query
+        return self.server.routes.stored_response(self.command, unquote(path), query)
 
     def _post(self, path: str) -> None:
         endpoint = self.server.routes.post.get(path)

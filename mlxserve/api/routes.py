@@ -11,6 +11,8 @@ from mlxserve.api.errors import ErrorRenderer
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
 from mlxserve.api.openai.tokenize import TokenizeEndpoints
+from mlxserve.api.responses.endpoints import ResponsesEndpoints
+from mlxserve.protocol.errors import not_found
 from mlxserve.service.chat import ChatService
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -18,6 +20,8 @@ COMPLETION_PATHS = ("/v1/completions", "/completions")
 MESSAGES_PATHS = ("/v1/messages", "/messages")
 COUNT_TOKENS_PATHS = ("/v1/messages/count_tokens", "/messages/count_tokens")
 ANTHROPIC_PATHS = MESSAGES_PATHS + COUNT_TOKENS_PATHS
+RESPONSES_PATHS = ("/v1/responses", "/responses")
+RESPONSE_PREFIXES = ("/v1/responses/", "/responses/")  # + {id}, or {id}/input_items
 TOKENIZE_PATHS = ("/tokenize", "/v1/tokenize")
 DETOKENIZE_PATHS = ("/detokenize", "/v1/detokenize")
 HEALTH_PATHS = ("/health", "/v1/health")
@@ -35,18 +39,21 @@ class Routes:
     service: ChatService
     openai: OpenAIEndpoints = field(init=False)
     anthropic: AnthropicEndpoints = field(init=False)
+    responses: ResponsesEndpoints = field(init=False)
     tokenizer: TokenizeEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
 
     def __post_init__(self):
         self.openai = OpenAIEndpoints(self.service)
         self.anthropic = AnthropicEndpoints(self.service)
+        self.responses = ResponsesEndpoints(self.service)
         self.tokenizer = TokenizeEndpoints(self.service)
         self.post = {
             **dict.fromkeys(CHAT_PATHS, self.openai.chat),
             **dict.fromkeys(COMPLETION_PATHS, self.openai.completion),
             **dict.fromkeys(MESSAGES_PATHS, self.anthropic.messages),
             **dict.fromkeys(COUNT_TOKENS_PATHS, self.anthropic.count_tokens),
+            **dict.fromkeys(RESPONSES_PATHS, self.responses.create),
             **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
             **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }
@@ -55,7 +62,24 @@ class Routes:
         """The path as a metrics label: a known path, or "other" (labels stay bounded)."""
         if path in self.post or path in GET_PATHS:
             return path
+        if path.startswith(RESPONSE_PREFIXES):
+            return (
+                "/v1/responses/{id}/input_items"
+                if path.endswith("/input_items")
+                else ("/v1/responses/{id}")
+            )
         return "/v1/models/{model}" if path.startswith(MODEL_PREFIXES) else "other"
+
+    def stored_response(self, method: str, path: str, query: str) -> dict:
+        """GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items."""
+        response_id, _, rest = path.split("/responses/", 1)[1].partition("/")
+        if method == "GET" and rest == "input_items":
+            return self.responses.input_items(response_id, query)
+        if rest:
+            raise not_found(f"Unknown path: {path}", code="unknown_url")
+        if method == "DELETE":
+            return self.responses.delete(response_id)
+        return self.responses.retrieve(response_id)
 
     @staticmethod
     def errors(path: str) -> ErrorRenderer:

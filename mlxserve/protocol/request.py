@@ -129,6 +129,7 @@ class ChatRequest(GenerationRequest):
     template_kwargs: dict = field(default_factory=dict)  # extra chat template variables
     reasoning_budget: int | None = None  # most tokens of reasoning before the answer
     continue_final: bool = False  # the reply continues the last (assistant) message
+    drop_oldest_to_fit: bool = False  # over the context: the oldest turns are left out
 
     @property
     def tool_definitions(self) -> list[dict] | None:

@@ -61,6 +61,10 @@ class ChatService:
         tools = request.tool_definitions
         injected = injects_tools(tokenizer, self.config.chat_template, tools)
         prompt, images = self._render(spec, tokenizer, request, injected)
+        if request.drop_oldest_to_fit:
+            request, (prompt, images) = self._drop_oldest(
+                spec, tokenizer, request, injected, (prompt, images)
+            )
         markup = chat_markup(
             tokenizer,
             reasoning_parser=self.config.reasoning_parser,
@@ -188,6 +192,35 @@ class ChatService:
         if (record := current_request()) is not None:
             record.model = self.provider.name(spec)
         return spec, self.provider.tokenizer(spec)
+
+    def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
+        """The request without its oldest turns (each up to a user message; system turns
+        stay) as far as needed for its prompt to fit the context with room for max_tokens.
+        When even the last turn alone does not fit, the request as it is (its context error
+        follows)."""
+        limit = self.provider.context_length(spec)
+
+        def fits(prompt: list[int]) -> bool:
+            room = 1 if request.max_tokens is None else request.max_tokens
+            return limit is None or len(prompt) + room <= limit
+
+        if fits(rendered[0]):
+            return request, rendered
+        messages = request.messages
+        lead = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+        cuts = [i for i in range(lead + 1, len(messages)) if messages[i].role == "user"]
+        best = request, rendered
+        low, high = 0, len(cuts) - 1
+        while low <= high:  # the fewest turns dropped: prompts shrink as more are dropped
+            middle = (low + high) // 2
+            kept = messages[:lead] + messages[cuts[middle] :]
+            candidate = replace(request, messages=kept)
+            prompt = self._render(spec, tokenizer, candidate, injected)
+            if fits(prompt[0]):
+                best, high = (candidate, prompt), middle - 1
+            else:
+                low = middle + 1
+        return best
 
     def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):
         template_args, template = self.config.chat_template_args, self.config.chat_template

@@ -1,0 +1,268 @@
+"""Input items: their wire models, and the conversation they make as neutral messages.
+
+A response's output comes back as separate items (reasoning, a message, function calls);
+the chat template wants one assistant turn holding them all, so consecutive assistant
+items are gathered into one neutral assistant message."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import Discriminator, Field, Tag
+
+from mlxserve.api.responses.sealed import unseal
+from mlxserve.api.wire import Strict
+from mlxserve.protocol import request as neutral
+from mlxserve.protocol.errors import bad_request
+
+log = logging.getLogger(__name__)
+
+
+class InputText(Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class Refusal(Strict):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class InputImage(Strict):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None  # accepted; the model's processor decides the resolution
+
+
+class InputFile(Strict):
+    type: Literal["input_file"]
+
+
+Part = Annotated[InputText | Refusal | InputImage | InputFile, Field(discriminator="type")]
+
+
+class MessageItem(Strict):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Part]
+
+
+class FunctionCallItem(Strict):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    arguments: str
+    namespace: str | None = None
+
+
+class FunctionCallOutputItem(Strict):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str
+    output: str | list[Part]
+
+
+class ReasoningText(Strict):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(Strict):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+
+class OtherItem(Strict):
+    """An item of a hosted tool or feature (web_search_call, item_reference...): refused."""
+
+    type: str
+
+
+def _item_kind(value) -> str:
+    """The item's model (an item without a type is a message); the tags are the models'
+    names, which error locations leave out."""
+    kind = value.get("type", "message") if isinstance(value, dict) else value.type
+    return KNOWN.get(kind, "OtherItem")
+
+
+KNOWN = {
+    "message": "MessageItem",
+    "function_call": "FunctionCallItem",
+    "function_call_output": "FunctionCallOutputItem",
+    "reasoning": "ReasoningItem",
+}
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("MessageItem")]
+    | Annotated[FunctionCallItem, Tag("FunctionCallItem")]
+    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutputItem")]
+    | Annotated[ReasoningItem, Tag("ReasoningItem")]
+    | Annotated[OtherItem, Tag("OtherItem")],
+    Discriminator(_item_kind),
+]
+
+
+@dataclass
+class _AssistantTurn:
+    parts: list[neutral.Part] = field(default_factory=list)
+    calls: list[neutral.ToolCall] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    param: str = ""
+
+
+@dataclass
+class Conversation:
+    """Translates items; the first `stored` come from stored responses (their reasoning is
+    this server's own), the rest are the request's `input`."""
+
+    stored: int = 0
+    _out: list[neutral.Message] = field(default_factory=list)
+    _turn: _AssistantTurn | None = None
+
+    def messages(self, items: list, instructions: str | None) -> tuple[neutral.Message, ...]:
+        for i, item in enumerate(items):
+            where = f"input[{i - self.stored}]" if i >= self.stored else "previous_response_id"
+            if isinstance(item, ReasoningItem):
+                self._reasoning(item, i < self.stored, where)
+            elif isinstance(item, FunctionCallItem):
+                self._assistant(where).calls.append(
+                    neutral.ToolCall(item.call_id, item.name, item.arguments)
+                )
+            elif isinstance(item, MessageItem) and item.role == "assistant":
+                if self._turn is not None and self._turn.calls:
+                    self._flush()
+                self._assistant(where).parts += _assistant_parts(item.content, where)
+            else:
+                self._flush()
+                self._out.append(_other(item, where))
+        self._flush()
+        return _leading_system(instructions, self._out)
+
+    def _reasoning(self, item: ReasoningItem, stored: bool, where: str) -> None:
+        turn = self._turn
+        if turn is not None and (turn.parts or turn.calls):
+            self._flush()
+        text = _reasoning_text(item, stored)
+        if text is None:
+            log.debug("reasoning at %s is not this server's; left out of the prompt", where)
+        else:
+            self._assistant(where).reasoning.append(text)
+
+    def _assistant(self, where: str) -> _AssistantTurn:
+        if self._turn is None:
+            self._turn = _AssistantTurn(param=where)
+        return self._turn
+
+    def _flush(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        self._out.append(
+            neutral.Message(
+                "assistant",
+                tuple(turn.parts),
+                turn.param,
+                tool_calls=tuple(turn.calls),
+                reasoning="\n".join(turn.reasoning) or None,
+            )
+        )
+
+
+def _reasoning_text(item: ReasoningItem, stored: bool) -> str | None:
+    """A stored item's text is the server's own; a client's counts only when sealed here."""
+    if item.encrypted_content is not None:
+        return unseal(item.encrypted_content)
+    if stored:
+        return "".join(part.text for part in item.content or item.summary)
+    return None
+
+
+def _other(item, where: str) -> neutral.Message:
+    if isinstance(item, FunctionCallOutputItem):
+        text = _text(item.output, where, "a function_call_output")
+        return neutral.Message("tool", text, where, tool_call_id=item.call_id)
+    if isinstance(item, OtherItem):
+        raise bad_request(
+            f"Input items of type '{item.type}' are not supported on this server.",
+            f"{where}.type",
+        )
+    if item.role in ("system", "developer"):
+        return neutral.Message("system", _text(item.content, where, "a system message"), where)
+    return neutral.Message("user", _user_parts(item.content, where), where)
+
+
+def _user_parts(content: str | list, where: str) -> str | tuple[neutral.Part, ...]:
+    if isinstance(content, str):
+        return content
+    parts: list[neutral.Part] = []
+    for j, part in enumerate(content):
+        param = f"{where}.content[{j}]"
+        if isinstance(part, InputImage):
+            parts.append(neutral.ImagePart(_image_url(part, param), param))
+        else:
+            parts.append(neutral.TextPart(_part_text(part, param, "a user message")))
+    return tuple(parts)
+
+
+def _assistant_parts(content: str | list, where: str) -> list[neutral.Part]:
+    if isinstance(content, str):
+        return [neutral.TextPart(content)]
+    return [
+        neutral.TextPart(_part_text(part, f"{where}.content[{j}]", "an assistant message"))
+        for j, part in enumerate(content)
+    ]
+
+
+def _text(content: str | list, where: str, holder: str) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(
+        _part_text(part, f"{where}.content[{j}]", holder) for j, part in enumerate(content)
+    )
+
+
+def _part_text(part, param: str, holder: str) -> str:
+    if isinstance(part, InputText):
+        return part.text
+    if isinstance(part, Refusal):
+        return part.refusal
+    if isinstance(part, InputImage):
+        raise bad_request(
+            f"Images cannot stand in {holder}; send them in a user message.",
+            param,
+            code="images_not_supported",
+        )
+    raise bad_request("File inputs are not supported on this server.", f"{param}.type")
+
+
+def _image_url(part: InputImage, param: str) -> str:
+    if part.image_url:
+        return part.image_url
+    raise bad_request(
+        "An input_image needs an 'image_url' (a URL or a data URL); file ids are not "
+        "supported on this server.",
+        f"{param}.image_url",
+    )
+
+
+def _leading_system(
+    instructions: str | None, messages: list[neutral.Message]
+) -> tuple[neutral.Message, ...]:
+    """`instructions` and the system/developer messages the input opens with become one
+    system message: many chat templates take a single system turn, at the start."""
+    lead = 0
+    while lead < len(messages) and messages[lead].role == "system":
+        lead += 1
+    texts = [instructions] if instructions else []
+    texts += [m.content for m in messages[:lead] if m.content]
+    if not texts:
+        return tuple(messages)
+    param = "instructions" if instructions else messages[0].param
+    return (neutral.Message("system", "\n\n".join(texts), param), *messages[lead:])

@@ -1,0 +1,180 @@
+"""The OpenAI Responses endpoints: POST /v1/responses, and GET / DELETE of stored responses
+and their input items. Errors go out in OpenAI's shape (this is an OpenAI API); a stream
+that fails ends with `error` and `response.failed` events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs
+
+from pydantic import TypeAdapter
+
+from mlxserve.api.responses.conversation import InputItem, MessageItem
+from mlxserve.api.responses.output import ResponseFormat, ResponseStream, new_id
+from mlxserve.api.responses.requests import ResponsesRequest, chat_request
+from mlxserve.api.responses.store import ResponseStore, StoredResponse
+from mlxserve.api.sse import SSEWriter, stream_failure
+from mlxserve.api.wire import parse
+from mlxserve.protocol.errors import bad_request, not_found
+from mlxserve.service.chat import ChatService
+from mlxserve.service.results import Choice
+
+# Reasoning goes out as reasoning items whatever --reasoning-format says.
+REASONING_FORMAT = "separate"
+ITEM_ID_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
+_ITEMS = TypeAdapter(list[InputItem])
+MB = 1 << 20
+
+
+@dataclass
+class ResponsesEndpoints:
+    service: ChatService
+    store: ResponseStore = field(init=False)
+
+    def __post_init__(self):
+        config = self.service.config
+        max_bytes = int(config.responses_store_mb * MB)
+        self.store = ResponseStore(config.responses_store_size, max_bytes)
+
+    def create(self, raw: bytes, handler) -> dict | None:
+        wire = parse(ResponsesRequest, raw)
+        history = []
+        if wire.previous_response_id is not None:
+            history = _ITEMS.validate_python(self.store.history(wire.previous_response_id))
+        prepared = self.service.prepare_chat(chat_request(wire, history), REASONING_FORMAT)
+        fmt = ResponseFormat(
+            wire.model or self.service.provider.alias,
+            self._settings(wire),
+            summary=wire.summary is not None,
+            encrypted=wire.encrypted_reasoning,
+            namespaces=wire.namespaces,
+        )
+        run = self.service.run(prepared, handler.client_gone)
+
+        def keep(response: dict) -> None:
+            if wire.store:
+                self.store.put(StoredResponse.of(response, _input_items(wire)))
+
+        if wire.stream:
+            self._stream(run, fmt, handler, keep)
+            return None
+        choice = run.collect()[0]
+        response = fmt.response(_status(choice), choice, run.usage)
+        keep(response)
+        return response
+
+    def _stream(self, run, fmt: ResponseFormat, handler, keep) -> None:
+        """Stream the response; it is stored before the stream ends, so a client that
+        has read the last event finds it stored."""
+        sse = SSEWriter(handler)
+        stream = ResponseStream(sse, fmt)
+        keepalive_seconds = self.service.config.keepalive_seconds
+
+        def keepalive() -> None:
+            if sse.silent_for(keepalive_seconds):
+                stream.keepalive()
+
+        response, choice = None, None
+        try:
+            for step in run.steps(keepalive):
+                choice = step.choice
+                response = stream.step(step, run.usage) or response
+        except Exception as e:
+            response = stream.fail(stream_failure(sse, e), choice)
+        keep(response)
+        sse.close()
+
+    # Stored responses -------------------------------------------------------------------
+
+    def retrieve(self, response_id: str) -> dict:
+        return self.store.get(response_id).response
+
+    def delete(self, response_id: str) -> dict:
+        self.store.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    def input_items(self, response_id: str, query: str) -> dict:
+        """A page of a response's input items (newest first unless order=asc)."""
+        items = self.store.get(response_id).input_items
+        args = {k: v[-1] for k, v in parse_qs(query).items()}
+        order = args.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise bad_request("order must be 'asc' or 'desc'.", "order")
+        limit = args.get("limit", "20")
+        if not limit.isdigit() or not 1 <= int(limit) <= 100:
+            raise bad_request("limit must be an integer from 1 to 100.", "limit")
+        items = items if order == "asc" else items[::-1]
+        if "after" in args:
+            ids = [item["id"] for item in items]
+            if args["after"] not in ids:
+                raise not_found(f"No input item with id '{args['after']}'.", "after")
+            items = items[ids.index(args["after"]) + 1 :]
+        page = items[: int(limit)]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > len(page),
+        }
+
+    def _settings(self, wire: ResponsesRequest) -> dict:
+        """The request's settings as every response object echoes them (sampling values
+        as used: the server's defaults where the request left them out)."""
+        defaults = self.service.config.defaults
+        text_format = wire.text.format if wire.text else None
+        return {
+            "instructions": wire.instructions,
+            "max_output_tokens": wire.max_output_tokens,
+            "max_tool_calls": wire.max_tool_calls,
+            "metadata": wire.metadata or {},
+            "parallel_tool_calls": wire.parallel_tool_calls,
+            "previous_response_id": wire.previous_response_id,
+            "reasoning": {
+                "effort": wire.reasoning.effort if wire.reasoning else None,
+                "summary": wire.summary,
+            },
+            "service_tier": "default",
+            "store": wire.store,
+            "temperature": defaults.temperature if wire.temperature is None else wire.temperature,
+            "text": {
+                "format": _dump(text_format) if text_format else {"type": "text"},
+            },
+            "tool_choice": wire.tool_choice or "auto",
+            "tools": [_dump(tool) for tool in wire.tools or []],
+            "top_logprobs": 0,
+            "top_p": defaults.top_p if wire.top_p is None else wire.top_p,
+            "truncation": wire.truncation,
+            "user": wire.user,
+        }
+
+
+def _status(choice: Choice) -> str:
+    return "incomplete" if choice.finish_reason == "length" else "completed"
+
+
+def _dump(model) -> dict:
+    return model.model_dump(by_alias=True, exclude_none=True)
+
+
+def _input_items(wire: ResponsesRequest) -> list[dict]:
+    """The request's input as items with ids (string content as parts), as input_items
+    lists them."""
+    items = [MessageItem(role="user", content=wire.input)] if isinstance(wire.input, str) else []
+    out = []
+    for item in items or wire.input:
+        body = _dump(item)
+        if isinstance(item, MessageItem):
+            if isinstance(item.content, str):
+                kind = "output_text" if item.role == "assistant" else "input_text"
+                body["content"] = [{"type": kind, "text": item.content}]
+            body["status"] = "completed"
+        body.setdefault("type", "message")
+        body.setdefault("id", new_id(ITEM_ID_PREFIXES.get(body["type"], "item")))
+        out.append(body)
+    return out

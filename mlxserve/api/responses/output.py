@@ -1,0 +1,240 @@
+"""Generation results -> Responses objects: the whole response, or its typed SSE events,
+built from the same blocks (an output item starts where Choice.add starts a block, so the
+items streamed and the final response's output agree, ids included)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from mlxserve.api.responses.sealed import seal
+from mlxserve.api.sse import SSEWriter
+from mlxserve.postprocess.events import Reasoning, ToolCallArguments, ToolCallStart
+from mlxserve.protocol.errors import ServiceError
+from mlxserve.service.results import Block, Choice, Usage
+from mlxserve.service.run import Step
+
+ID_PREFIXES = {"reasoning": "rs", "text": "msg", "tool_call": "fc"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+def error_object(error: ServiceError) -> dict:
+    """A failed response's `error`, and the `error` event's fields."""
+    return {"code": error.code or "server_error", "message": error.message, "param": error.param}
+
+
+@dataclass
+class ResponseFormat:
+    """One response: its id, the settings it echoes, and its output items."""
+
+    model: str
+    settings: dict  # the request's settings, echoed in every response object
+    summary: bool = False  # reasoning items carry their text as a summary part too
+    encrypted: bool = False  # reasoning items carry encrypted_content
+    namespaces: dict[str, str] = field(default_factory=dict)  # function -> its namespace
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    _item_ids: list[str] = field(default_factory=list)
+
+    def item_id(self, index: int, block: Block) -> str:
+        while len(self._item_ids) <= index:
+            self._item_ids.append("")
+        if not self._item_ids[index]:
+            self._item_ids[index] = new_id(ID_PREFIXES[block.kind])
+        return self._item_ids[index]
+
+    def response(
+        self,
+        status: str,
+        choice: Choice | None = None,
+        usage: Usage | None = None,
+        error: ServiceError | None = None,
+    ) -> dict:
+        output = []
+        if choice is not None:
+            last = len(choice.blocks) - 1
+            output = [
+                self.item(i, block, "incomplete" if status != "completed" and i == last else None)
+                for i, block in enumerate(choice.blocks)
+            ]
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": False,
+            "error": error_object(error) if error is not None else None,
+            "incomplete_details": incomplete,
+            "model": self.model,
+            "output": output,
+            **self.settings,
+            "usage": usage_dict(usage) if usage is not None and status != "in_progress" else None,
+        }
+
+    def item(self, index: int, block: Block, status: str | None = "completed") -> dict:
+        """The output item of a block; `status` None: completed."""
+        base = {"id": self.item_id(index, block), "type": "", "status": status or "completed"}
+        if block.kind == "reasoning":
+            return {**base, **self._reasoning(block.text)}
+        if block.kind == "text":
+            return {**base, "type": "message", "role": "assistant", "content": [_text(block)]}
+        call = {**base, "type": "function_call", "call_id": block.call_id, "name": block.name}
+        call["arguments"] = block.text
+        if block.name in self.namespaces:
+            call["namespace"] = self.namespaces[block.name]
+        return call
+
+    def _reasoning(self, text: str) -> dict:
+        item = {
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": text}] if self.summary and text else [],
+            "content": [{"type": "reasoning_text", "text": text}],
+        }
+        if self.encrypted:
+            item["encrypted_content"] = seal(text)
+        return item
+
+
+def _text(block: Block) -> dict:
+    return {"type": "output_text", "text": block.text, "annotations": [], "logprobs": []}
+
+
+class ResponseStream:
+    """Writes one response as the Responses API's SSE events, each with its type as the
+    `event:` name and an increasing `sequence_number`."""
+
+    def __init__(self, sse: SSEWriter, fmt: ResponseFormat):
+        self._sse = sse
+        self._fmt = fmt
+        self._sequence = 0
+        self._open: int | None = None  # the index of the block being written
+        self._open_id = ""  # its item's id
+        self._count = 0  # blocks started
+
+    def keepalive(self) -> None:
+        """While the prompt is processed: the response starts, comments keep it alive."""
+        self._start()
+        self._sse.comment("keepalive")
+
+    def step(self, step: Step, usage: Usage) -> dict | None:
+        """Send a step's events; once it finishes, the final response (also returned)."""
+        self._start()
+        choice = step.choice
+        for event in step.events:
+            if isinstance(event, ToolCallStart):
+                self._open_item(choice)
+                continue
+            if isinstance(event, ToolCallArguments):
+                self._send("response.function_call_arguments.delta", delta=event.text)
+                continue
+            kind = "reasoning" if isinstance(event, Reasoning) else "text"
+            if self._open is None or choice.blocks[self._open].kind != kind:
+                self._open_item(choice)
+            if kind == "text":
+                self._send(
+                    "response.output_text.delta", content_index=0, delta=event.text, logprobs=[]
+                )
+                continue
+            self._send("response.reasoning_text.delta", content_index=0, delta=event.text)
+            if self._fmt.summary:
+                self._send(
+                    "response.reasoning_summary_text.delta", summary_index=0, delta=event.text
+                )
+        if not step.finished:
+            return None
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        self._close_item(choice, status)
+        response = self._fmt.response(status, choice, usage)
+        self._send_response(f"response.{status}", response)
+        return response
+
+    def fail(self, error: ServiceError, choice: Choice | None) -> dict:
+        """End the stream with an `error` event and the failed response; returns it."""
+        self._start()
+        self._event("error", **error_object(error))
+        response = self._fmt.response("failed", choice, error=error)
+        self._send_response("response.failed", response)
+        return response
+
+    # Items ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._sse.started:
+            return
+        response = self._fmt.response("in_progress")
+        self._send_response("response.created", response)
+        self._send_response("response.in_progress", response)
+
+    def _open_item(self, choice: Choice) -> None:
+        self._close_item(choice, "completed")
+        self._open, self._count = self._count, self._count + 1
+        block = choice.blocks[self._open]
+        item = self._fmt.item(self._open, Block(block.kind, "", block.call_id, block.name))
+        self._open_id = item["id"]
+        item["status"] = "in_progress"
+        if block.kind != "tool_call":  # the parts are added by their own events
+            item = {**item, "content": []} | ({"summary": []} if block.kind == "reasoning" else {})
+            item.pop("encrypted_content", None)
+        self._item_event("response.output_item.added", item=item)
+        if block.kind == "text":
+            self._send("response.content_part.added", content_index=0, part=_text(Block("text")))
+        elif block.kind == "reasoning":
+            part = {"type": "reasoning_text", "text": ""}
+            self._send("response.content_part.added", content_index=0, part=part)
+            if self._fmt.summary:
+                part = {"type": "summary_text", "text": ""}
+                self._send("response.reasoning_summary_part.added", summary_index=0, part=part)
+
+    def _close_item(self, choice: Choice, status: str) -> None:
+        if self._open is None:
+            return
+        block = choice.blocks[self._open]
+        item = self._fmt.item(self._open, block, status)
+        if block.kind == "text":
+            self._send("response.output_text.done", content_index=0, text=block.text, logprobs=[])
+            self._send("response.content_part.done", content_index=0, part=item["content"][0])
+        elif block.kind == "reasoning":
+            self._send("response.reasoning_text.done", content_index=0, text=block.text)
+            part = {"type": "reasoning_text", "text": block.text}
+            self._send("response.content_part.done", content_index=0, part=part)
+            if self._fmt.summary:
+                self._send("response.reasoning_summary_text.done", summary_index=0, text=block.text)
+                part = {"type": "summary_text", "text": block.text}
+                self._send("response.reasoning_summary_part.done", summary_index=0, part=part)
+        else:
+            self._send(
+                "response.function_call_arguments.done", name=block.name, arguments=block.text
+            )
+        self._item_event("response.output_item.done", item=item)
+        self._open = None
+
+    # Events -----------------------------------------------------------------------------
+
+    def _send(self, kind: str, **fields) -> None:
+        """An event about the open item."""
+        self._event(kind, item_id=self._open_id, output_index=self._open, **fields)
+
+    def _item_event(self, kind: str, item: dict) -> None:
+        self._event(kind, output_index=self._open, item=item)
+
+    def _send_response(self, kind: str, response: dict) -> None:
+        self._event(kind, response=response)
+
+    def _event(self, kind: str, **fields) -> None:
+        self._sse.event({"type": kind, **fields, "sequence_number": self._sequence}, kind)
+        self._sequence += 1

@@ -1,0 +1,251 @@
+"""OpenAI Responses request bodies: the wire models, checked, and their translation into the
+neutral chat request (the input items themselves are translated in conversation.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from mlxserve.api.responses.conversation import Conversation, InputItem
+from mlxserve.api.wire import Strict
+from mlxserve.protocol import request as neutral
+from mlxserve.protocol.errors import bad_request
+
+# reasoning.effort -> the chat template's reasoning_effort ("none" turns thinking off)
+EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+# What `include` may ask for. Only the encrypted reasoning changes a reply here: the others
+# name outputs of hosted tools this server does not run, or logprobs, which it does not
+# return in this dialect.
+INCLUDABLE = (
+    ENCRYPTED_REASONING,
+    "message.output_text.logprobs",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+)
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class NamespaceTool(Strict):
+    """A group of function tools (Codex sends its sub-agent tools so); its functions are
+    offered to the model by their own names, and their calls name the namespace."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
+class HostedTool(Strict):
+    """A tool the server would have to run itself (web search, file search, a computer...):
+    refused by name."""
+
+    type: str
+    name: str | None = None
+
+
+def _tool_kind(value) -> str:
+    """The tool's model; tags are the models' names, which error locations leave out."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return {"function": "FunctionTool", "namespace": "NamespaceTool"}.get(kind, "HostedTool")
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("FunctionTool")]
+    | Annotated[NamespaceTool, Tag("NamespaceTool")]
+    | Annotated[HostedTool, Tag("HostedTool")],
+    Discriminator(_tool_kind),
+]
+
+
+class TextFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted, unused
+
+
+Summary = Literal["auto", "concise", "detailed"]
+# OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=16),
+]
+
+
+class ReasoningConfig(Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Summary | None = None
+    generate_summary: Summary | None = None  # the older name of `summary`
+
+
+class ResponsesRequest(Strict):
+    model: str | None = None
+    input: list[InputItem] | str  # the list first: its errors are the ones worth naming
+    instructions: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tool_calls: Annotated[int, Field(ge=1)] | None = None  # echoed, not enforced
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    include: list[Literal[INCLUDABLE]] | None = None  # type: ignore[valid-type]
+    truncation: Literal["auto", "disabled"] = "disabled"
+    metadata: Metadata | None = None
+    user: str | None = None
+    stream: bool = False
+    background: bool = False
+    conversation: str | dict | None = None
+    prompt: dict | None = None
+    # Accepted and unused: routing and caching hints of OpenAI's platform.
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value):
+        if isinstance(value, dict):
+            if value.get("type") != "function" or not isinstance(value.get("name"), str):
+                raise ValueError(
+                    "only {'type': 'function', 'name': ...} can name a tool on this server"
+                )
+        elif value not in (None, "auto", "none", "required"):
+            raise ValueError("must be 'auto', 'none', 'required' or a named function")
+        return value
+
+    @field_validator("background")
+    @classmethod
+    def _foreground(cls, value):
+        if value:
+            raise ValueError("background responses are not supported; leave it false")
+        return value
+
+    @field_validator("conversation", "prompt")
+    @classmethod
+    def _absent(cls, value):
+        if value is not None:
+            raise ValueError("is not supported on this server; send the input itself")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("must not be empty")
+        return value
+
+    @property
+    def summary(self) -> Summary | None:
+        reasoning = self.reasoning
+        return reasoning and (reasoning.summary or reasoning.generate_summary)
+
+    @property
+    def encrypted_reasoning(self) -> bool:
+        return ENCRYPTED_REASONING in (self.include or ())
+
+    @property
+    def namespaces(self) -> dict[str, str]:
+        """A namespaced function's name -> its namespace."""
+        return {
+            tool.name: space.name
+            for space in self.tools or []
+            if isinstance(space, NamespaceTool)
+            for tool in space.tools
+        }
+
+
+# Translation into the neutral request ---------------------------------------------------
+
+
+def chat_request(wire: ResponsesRequest, history: list[InputItem]) -> neutral.ChatRequest:
+    """`history`: the items of the stored responses `previous_response_id` continues."""
+    items = [*history, *([] if isinstance(wire.input, str) else wire.input)]
+    conversation = Conversation(stored=len(history))
+    messages = conversation.messages(items, wire.instructions)
+    if isinstance(wire.input, str):
+        messages += (neutral.Message("user", wire.input, "input"),)
+    if not any(m.role != "system" for m in messages):
+        raise bad_request("The input holds no message for the model to answer.", "input")
+    reasoning = wire.reasoning
+    effort = reasoning.effort if reasoning else None
+    return neutral.ChatRequest(
+        model=wire.model,
+        sampling=neutral.Sampling(temperature=wire.temperature, top_p=wire.top_p),
+        max_tokens=wire.max_output_tokens,
+        max_tokens_param="max_output_tokens",
+        constraint=_constraint(wire.text),
+        messages=messages,
+        messages_param="input",
+        tools=_tools(wire.tools or []),
+        tool_choice=_tool_choice(wire.tool_choice),
+        parallel_tool_calls=wire.parallel_tool_calls,
+        reasoning_effort=EFFORTS.get(effort) if effort else None,
+        template_kwargs={"enable_thinking": False} if effort == "none" else {},
+        drop_oldest_to_fit=wire.truncation == "auto",
+    )
+
+
+def _tools(tools: list) -> tuple[neutral.Tool, ...]:
+    out: dict[str, neutral.Tool] = {}
+    for i, tool in enumerate(tools):
+        param = f"tools[{i}]"
+        if isinstance(tool, HostedTool):
+            raise bad_request(
+                f"The tool '{tool.name or tool.type}' (type '{tool.type}') is a hosted tool, "
+                "which this server cannot run; only function tools are supported.",
+                param,
+                code="unsupported_tool",
+            )
+        functions = tool.tools if isinstance(tool, NamespaceTool) else [tool]
+        for j, function in enumerate(functions):
+            where = f"{param}.tools[{j}]" if isinstance(tool, NamespaceTool) else param
+            if function.name in out:
+                raise bad_request(f"Two tools are named '{function.name}'.", f"{where}.name")
+            out[function.name] = neutral.Tool(
+                function.name, function.description, function.parameters, function.strict
+            )
+    return tuple(out.values())
+
+
+def _tool_choice(choice: str | dict | None) -> neutral.ToolChoice:
+    if isinstance(choice, dict):
+        return neutral.ToolChoice("required", choice["name"])
+    return neutral.ToolChoice(choice or "auto")
+
+
+def _constraint(text: TextConfig | None) -> neutral.Constraint | None:
+    """text.format: JSON output, to a schema or any object."""
+    form = text.format if text else None
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_object":
+        return neutral.Constraint("json_schema", {"type": "object"}, "text.format")
+    if not form.name:
+        raise bad_request("A json_schema format needs a 'name'.", "text.format.name")
+    if form.schema_ is None:
+        raise bad_request("A json_schema format needs a 'schema'.", "text.format.schema")
+    return neutral.Constraint("json_schema", form.schema_, "text.format.schema")
