@@ -69,3 +69,56 @@ def test_claude_code_headless_turn(launch, agent_model, claude_code, tmp_path):
     assert result["result"] == AGENT_REPLY
     requests = [line for line in srv.log if '"POST /v1/messages' in line]
     assert requests and all(re.search(r'" 200 model=', line) for line in requests), requests
+
+
+CODEX = "@openai/codex@0.169.0"
+# Codex's configuration for mlxserve, as the README gives it. Web search is a hosted tool
+# the server cannot run (it answers a 400 naming it): Codex is told not to offer it.
+CODEX_CONFIG = """\
+model = "default"
+model_provider = "mlxserve"
+web_search = "disabled"
+
+[model_providers.mlxserve]
+name = "mlxserve"
+base_url = "{base_url}"
+wire_api = "responses"
+"""
+
+
+@pytest.fixture(scope="session")
+def codex() -> Path:
+    return npm_install(CODEX) / "codex"
+
+
+def test_codex_exec_turn(launch, agent_model, codex, tmp_path):
+    """`codex exec` with its own system prompt, tools (some in namespaces), reasoning
+    summaries and encrypted reasoning, stateless (store: false): the turn completes with
+    the model's reply and every request it made was answered 200."""
+    srv = launch(agent_model)
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(base_url=srv.base_url))
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(
+        [str(codex), "exec", "--skip-git-repo-check", "--json", "What is two plus two?"],
+        env={"PATH": os.environ["PATH"], "HOME": str(home)},
+        cwd=work,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TURN_SECONDS,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    messages = [
+        e["item"]["text"]
+        for e in events
+        if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"
+    ]
+    assert messages == [AGENT_REPLY], done.stdout
+    assert events[-1]["type"] == "turn.completed", events[-1]
+    assert not [e for e in events if e["type"] in ("error", "turn.failed")]
+    requests = [line for line in srv.log if '"POST /v1/responses' in line]
+    assert requests and all(re.search(r'" 200 model=', line) for line in requests), requests

@@ -351,6 +351,37 @@ def test_json_schema_output_through_parse(server):
     assert isinstance(json.loads(json_object.output_text), dict)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_logprobs_when_included(server, streamed):
+    """The chosen tokens spell the text, with the chat dialect's values."""
+    conv = BY_NAME["capital"]
+    request = body(conv, include=["message.output_text.logprobs"], top_logprobs=2)
+    if streamed:
+        events = events_of(stream(server.url, RESPONSES, request))
+        deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+        entries = [entry for e in deltas for entry in e["logprobs"]]
+        [done] = [e for e in events if e["type"] == "response.output_text.done"]
+        assert done["logprobs"] == entries
+        part = events[-1]["response"]["output"][0]["content"][0]
+        assert [{k: e[k] for k in ("token", "logprob")} for e in part["logprobs"]] == [
+            {k: e[k] for k in ("token", "logprob")} for e in entries
+        ]
+    else:
+        status, _, reply = server.post(RESPONSES, request)
+        assert status == 200 and reply["top_logprobs"] == 2
+        entries = reply["output"][0]["content"][0]["logprobs"]
+        assert all(bytes(e["bytes"]).decode() == e["token"] for e in entries)
+    assert "".join(e["token"] for e in entries) == conv.reply
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in entries)
+    status, _, chat = server.post(
+        CHAT, {**conv.request, "logprobs": True, "top_logprobs": 2, "max_tokens": 200}
+    )
+    chat_entries = chat["choices"][0]["logprobs"]["content"]
+    assert [e["logprob"] for e in entries] == [e["logprob"] for e in chat_entries]
+    plain = client(server).responses.create(**body(conv, top_logprobs=2))
+    assert plain.output[0].content[0].logprobs == []  # asked for only through include
+
+
 # Reasoning ----------------------------------------------------------------------------------
 
 

@@ -53,6 +53,7 @@ class ResponsesEndpoints:
             summary=wire.summary is not None,
             encrypted=wire.encrypted_reasoning,
             namespaces=wire.namespaces,
+            texts=prepared.texts if wire.logprobs is not None else None,
         )
         run = self.service.run(prepared, handler.client_gone)
 
@@ -63,7 +64,10 @@ class ResponsesEndpoints:
         if wire.stream:
             self._stream(run, fmt, handler, keep)
             return None
-        choice = run.collect()[0]
+        choice = None
+        for step in run.steps():
+            fmt.place_logprobs(step)
+            choice = step.choice
         response = fmt.response(_status(choice), choice, run.usage)
         keep(response)
         return response
@@ -147,7 +151,7 @@ class ResponsesEndpoints:
             },
             "tool_choice": wire.tool_choice or "auto",
             "tools": [_dump(tool) for tool in wire.tools or []],
-            "top_logprobs": 0,
+            "top_logprobs": wire.top_logprobs or 0,
             "top_p": defaults.top_p if wire.top_p is None else wire.top_p,
             "truncation": wire.truncation,
             "user": wire.user,

@@ -12,8 +12,9 @@ from mlxserve.api.responses.sealed import seal
 from mlxserve.api.sse import SSEWriter
 from mlxserve.postprocess.events import Reasoning, ToolCallArguments, ToolCallStart
 from mlxserve.protocol.errors import ServiceError
-from mlxserve.service.results import Block, Choice, Usage
+from mlxserve.service.results import Block, Choice, TokenLogprob, Usage
 from mlxserve.service.run import Step
+from mlxserve.service.token_texts import TokenTexts
 
 ID_PREFIXES = {"reasoning": "rs", "text": "msg", "tool_call": "fc"}
 
@@ -46,9 +47,53 @@ class ResponseFormat:
     summary: bool = False  # reasoning items carry their text as a summary part too
     encrypted: bool = False  # reasoning items carry encrypted_content
     namespaces: dict[str, str] = field(default_factory=dict)  # function -> its namespace
+    texts: TokenTexts | None = None  # token texts for logprobs; None: none asked for
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     _item_ids: list[str] = field(default_factory=list)
+    _logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # per text block
+    _unplaced: list[TokenLogprob] = field(default_factory=list)
+
+    def place_logprobs(self, step: Step) -> list[TokenLogprob]:
+        """Give a step's logprob entries to the text block it wrote; entries of tokens
+        that wrote nothing yet (held-back markup) go with the next step's, and are dropped
+        with it when that step writes reasoning or a tool call, which carry no logprobs.
+        Returns the entries given now."""
+        self._unplaced += step.logprobs
+        if self.texts is None or not step.events:
+            return []
+        entries, self._unplaced = self._unplaced, []
+        index = len(step.choice.blocks) - 1
+        if step.choice.blocks[index].kind != "text":
+            return []
+        self._logprobs.setdefault(index, []).extend(entries)
+        return entries
+
+    def delta_logprobs(self, entries: list[TokenLogprob]) -> list[dict]:
+        """Entries as output_text.delta events carry them (no bytes)."""
+        return [
+            {
+                **self._token(e.token, e.logprob, with_bytes=False),
+                "top_logprobs": [self._token(t, lp, with_bytes=False) for t, lp in e.top],
+            }
+            for e in entries
+        ]
+
+    def logprobs_of(self, index: int) -> list[TokenLogprob]:
+        return self._logprobs.get(index, [])
+
+    def _text(self, index: int, text: str) -> dict:
+        """A text block's output_text part."""
+        logprobs = [
+            {**self._token(e.token, e.logprob), "top_logprobs": [self._token(*t) for t in e.top]}
+            for e in self.logprobs_of(index)
+        ]
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+    def _token(self, token: int, logprob: float, with_bytes: bool = True) -> dict:
+        text = self.texts(token)
+        entry = {"token": text.text, "logprob": logprob}
+        return {**entry, "bytes": list(text.bytes)} if with_bytes else entry
 
     def item_id(self, index: int, block: Block) -> str:
         while len(self._item_ids) <= index:
@@ -92,7 +137,8 @@ class ResponseFormat:
         if block.kind == "reasoning":
             return {**base, **self._reasoning(block.text)}
         if block.kind == "text":
-            return {**base, "type": "message", "role": "assistant", "content": [_text(block)]}
+            content = [self._text(index, block.text)]
+            return {**base, "type": "message", "role": "assistant", "content": content}
         call = {**base, "type": "function_call", "call_id": block.call_id, "name": block.name}
         call["arguments"] = block.text
         if block.name in self.namespaces:
@@ -108,10 +154,6 @@ class ResponseFormat:
         if self.encrypted:
             item["encrypted_content"] = seal(text)
         return item
-
-
-def _text(block: Block) -> dict:
-    return {"type": "output_text", "text": block.text, "annotations": [], "logprobs": []}
 
 
 class ResponseStream:
@@ -135,6 +177,7 @@ class ResponseStream:
         """Send a step's events; once it finishes, the final response (also returned)."""
         self._start()
         choice = step.choice
+        logprobs = self._fmt.delta_logprobs(self._fmt.place_logprobs(step))
         for event in step.events:
             if isinstance(event, ToolCallStart):
                 self._open_item(choice)
@@ -147,8 +190,12 @@ class ResponseStream:
                 self._open_item(choice)
             if kind == "text":
                 self._send(
-                    "response.output_text.delta", content_index=0, delta=event.text, logprobs=[]
+                    "response.output_text.delta",
+                    content_index=0,
+                    delta=event.text,
+                    logprobs=logprobs,
                 )
+                logprobs = []  # the step's entries go with its first text delta
                 continue
             self._send("response.reasoning_text.delta", content_index=0, delta=event.text)
             if self._fmt.summary:
@@ -192,7 +239,8 @@ class ResponseStream:
             item.pop("encrypted_content", None)
         self._item_event("response.output_item.added", item=item)
         if block.kind == "text":
-            self._send("response.content_part.added", content_index=0, part=_text(Block("text")))
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            self._send("response.content_part.added", content_index=0, part=part)
         elif block.kind == "reasoning":
             part = {"type": "reasoning_text", "text": ""}
             self._send("response.content_part.added", content_index=0, part=part)
@@ -206,7 +254,10 @@ class ResponseStream:
         block = choice.blocks[self._open]
         item = self._fmt.item(self._open, block, status)
         if block.kind == "text":
-            self._send("response.output_text.done", content_index=0, text=block.text, logprobs=[])
+            logprobs = self._fmt.delta_logprobs(self._fmt.logprobs_of(self._open))
+            self._send(
+                "response.output_text.done", content_index=0, text=block.text, logprobs=logprobs
+            )
             self._send("response.content_part.done", content_index=0, part=item["content"][0])
         elif block.kind == "reasoning":
             self._send("response.reasoning_text.done", content_index=0, text=block.text)

@@ -15,12 +15,12 @@ from mlxserve.protocol.errors import bad_request
 # reasoning.effort -> the chat template's reasoning_effort ("none" turns thinking off)
 EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
-# What `include` may ask for. Only the encrypted reasoning changes a reply here: the others
-# name outputs of hosted tools this server does not run, or logprobs, which it does not
-# return in this dialect.
+LOGPROBS = "message.output_text.logprobs"
+# What `include` may ask for: the encrypted reasoning and the logprobs change a reply; the
+# others name outputs of hosted tools and inputs, which this server never returns.
 INCLUDABLE = (
     ENCRYPTED_REASONING,
-    "message.output_text.logprobs",
+    LOGPROBS,
     "message.input_image.image_url",
     "computer_call_output.output.image_url",
     "code_interpreter_call.outputs",
@@ -106,6 +106,7 @@ class ResponsesRequest(Strict):
     parallel_tool_calls: bool = True
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None  # echoed, not enforced
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     text: TextConfig | None = None
@@ -168,6 +169,11 @@ class ResponsesRequest(Strict):
         return ENCRYPTED_REASONING in (self.include or ())
 
     @property
+    def logprobs(self) -> int | None:
+        """None: no logprobs; k: the chosen token's and the k likeliest."""
+        return (self.top_logprobs or 0) if LOGPROBS in (self.include or ()) else None
+
+    @property
     def namespaces(self) -> dict[str, str]:
         """A namespaced function's name -> its namespace."""
         return {
@@ -198,6 +204,7 @@ def chat_request(wire: ResponsesRequest, history: list[InputItem]) -> neutral.Ch
         max_tokens=wire.max_output_tokens,
         max_tokens_param="max_output_tokens",
         constraint=_constraint(wire.text),
+        logprobs=wire.logprobs,
         messages=messages,
         messages_param="input",
         tools=_tools(wire.tools or []),
