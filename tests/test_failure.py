@@ -71,10 +71,9 @@ def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_
         )
 
 
-def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
-    """An Anthropic stream that has begun ends with `event: error` in Anthropic's shape."""
-    from sse import named_events, stream
-
+@pytest.fixture
+def failing_tenth_step(monkeypatch):
+    """The tenth decode step raises: a stream has begun by then."""
     step, steps = batch.BatchSession.step, []
 
     def fail_on_the_tenth(self) -> None:
@@ -84,6 +83,12 @@ def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
         step(self)
 
     monkeypatch.setattr(batch.BatchSession, "step", fail_on_the_tenth)
+
+
+def test_a_failure_mid_stream_is_an_error_event(tiny_model, failing_tenth_step, monkeypatch):
+    """An Anthropic stream that has begun ends with `event: error` in Anthropic's shape."""
+    from sse import named_events, stream
+
     story = {"model": "default", "max_tokens": 300, "messages": BY_NAME["story"].messages}
     with in_process(tiny_model, monkeypatch) as client:
         events = named_events(stream(client.url, "/v1/messages", story))
@@ -97,20 +102,11 @@ def test_a_failure_mid_stream_is_an_error_event(tiny_model, monkeypatch):
         assert error["type"] == "api_error" and "injected failure" in error["message"]
 
 
-def test_a_failure_mid_stream_is_a_failed_response(tiny_model, monkeypatch):
+def test_a_failure_mid_stream_is_a_failed_response(tiny_model, failing_tenth_step, monkeypatch):
     """A Responses stream that has begun ends with an `error` event and
     `response.failed`, whose response (the text so far, the error) is the one stored."""
     from sse import stream
 
-    step, steps = batch.BatchSession.step, []
-
-    def fail_on_the_tenth(self) -> None:
-        steps.append(1)
-        if len(steps) == 10:
-            raise RuntimeError("injected failure")
-        step(self)
-
-    monkeypatch.setattr(batch.BatchSession, "step", fail_on_the_tenth)
     story = {"model": "default", "max_output_tokens": 300, "input": BY_NAME["story"].messages}
     with in_process(tiny_model, monkeypatch) as client:
         events = stream(client.url, "/v1/responses", story).chunks
