@@ -123,8 +123,8 @@ class Conversation:
     this server's own), the rest are the request's `input`."""
 
     stored: int = 0
-    _out: list[neutral.Message] = field(default_factory=list)
-    _turn: _AssistantTurn | None = None
+    _out: list[neutral.Message] = field(default_factory=list, init=False)
+    _turn: _AssistantTurn | None = field(default=None, init=False)
 
     def messages(self, items: list, instructions: str | None) -> tuple[neutral.Message, ...]:
         for i, item in enumerate(items):
