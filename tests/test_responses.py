@@ -158,6 +158,17 @@ def test_raw_http_reply_shape(server):
     assert reply["usage"]["input_tokens"] == chat_prompt_tokens(server, conv.messages)
 
 
+def test_null_fields_are_their_defaults(server):
+    """Some clients send every field, null where unset."""
+    nulls = dict.fromkeys(
+        ["instructions", "store", "truncation", "parallel_tool_calls", "stream", "reasoning"]
+    )
+    status, _, reply = server.post(RESPONSES, {**body(BY_NAME["capital"]), **nulls})
+    assert status == 200, reply
+    assert reply["store"] is True and reply["truncation"] == "disabled"
+    assert reply["output"][0]["content"][0]["text"] == BY_NAME["capital"].reply
+
+
 def test_a_string_input_is_one_user_message(server):
     conv = BY_NAME["capital"]
     response = client(server).responses.create(model="default", input=conv.messages[0]["content"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mlxserve.api.responses.conversation import Conversation, InputItem
 from mlxserve.api.wire import Strict
@@ -125,6 +125,15 @@ class ResponsesRequest(Strict):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        """OpenAI's reference marks these fields nullable: null is the default, as some
+        clients send every field they have."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     @field_validator("tool_choice")
     @classmethod
