@@ -42,8 +42,19 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        default="demo",
-        help="hub repo id or local folder; 'demo' (default) serves SmolLM2-135M-Instruct",
+        action="append",
+        help="hub repo id or local folder; 'demo' (default) serves SmolLM2-135M-Instruct. "
+        "Repeatable: every one is loaded at start and kept resident; the first is the default",
+    )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="never unload the --model models (for memory or when idle)",
+    )
+    p.add_argument(
+        "--idle-unload-seconds",
+        type=positive_float,
+        help="unload a model idle this long (default: models stay until memory is needed)",
     )
     p.add_argument(
         "--model-alias",
@@ -257,7 +268,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if not isinstance(args.chat_template_args, dict):
         raise SystemExit("mlxserve: --chat-template-args must be a JSON object")
     return ServerConfig(
-        model=args.model,
+        models=tuple(args.model or ["demo"]),
         model_aliases=tuple(args.model_alias),
         host=args.host,
         port=args.port,
@@ -297,6 +308,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         image_fetch_timeout=args.image_fetch_timeout,
         responses_store_size=args.responses_store_size,
         responses_store_mb=args.responses_store_mb,
+        pin=args.pin,
+        idle_unload_seconds=args.idle_unload_seconds,
     )
 
 

@@ -19,7 +19,7 @@ class SamplingDefaults:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model: str = "demo"
+    models: tuple[str, ...] = ("demo",)  # --model, in order: all resident, the first the default
     # (client name, served model) pairs; a name ending in "*" matches any name it prefixes
     model_aliases: tuple[tuple[str, str], ...] = ()
     host: str = "127.0.0.1"
@@ -61,3 +61,10 @@ class ServerConfig:
     image_fetch_timeout: float = 10.0
     responses_store_size: int = 1000  # stored Responses API responses; 0: none
     responses_store_mb: float = 256.0  # their bound in bytes, as JSON
+    pin: bool = False  # the --model models are never unloaded
+    idle_unload_seconds: float | None = None  # None: models stay until memory is needed
+
+    @property
+    def model(self) -> str:
+        """The default model: the first --model."""
+        return self.models[0]

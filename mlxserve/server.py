@@ -76,8 +76,8 @@ class MLXServer(ThreadingHTTPServer):
 
 def build_server(config: ServerConfig) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket."""
-    path = resolve_model_path(config.model)
-    provider = ModelProvider(config, path)
+    paths = [resolve_model_path(model) for model in config.models]
+    provider = ModelProvider(config, paths)
     disk = None
     if config.prompt_cache_dir is not None:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
@@ -87,15 +87,18 @@ def build_server(config: ServerConfig) -> MLXServer:
     )
     budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
     capacity = config.max_concurrent + config.max_queue
-    worker = GenerationWorker(provider, cache, limits, capacity, budget)
+    worker = GenerationWorker(provider, cache, limits, capacity, budget, config.idle_unload_seconds)
     worker.start()
     worker.call(lambda: _bound_buffer_cache(config, budget))
-    start = time.perf_counter()
-    try:
-        worker.call(lambda: worker.load(provider.default))
-    except ServiceError as e:
-        raise SystemExit(f"mlxserve: {e.message}") from e
-    log.info("Serving %r from %s (ready in %.1fs)", config.model, path, time.perf_counter() - start)
+    for name, spec in provider.served.items():
+        start = time.perf_counter()
+        try:
+            worker.call(lambda spec=spec: worker.load(spec))
+        except ServiceError as e:
+            raise SystemExit(f"mlxserve: {name}: {e.message}") from e
+        log.info(
+            "Serving %r from %s (ready in %.1fs)", name, spec.path, time.perf_counter() - start
+        )
     metrics = Metrics()
     metrics.watch(
         running=lambda: worker.running,
@@ -123,7 +126,8 @@ def run(config: ServerConfig) -> None:
     server = build_server(config)
     # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    print(f"mlxserve is ready: {server.url}  (model: {config.model})", flush=True)
+    models = ", ".join(config.models)
+    print(f"mlxserve is ready: {server.url}  (models: {models})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,4 +1,5 @@
-"""ModelProvider end to end: listing, hot-swap, allowed folders, failed loads, the HF cache."""
+"""ModelProvider end to end: listing, loading by name, allowed folders, failed loads, the HF
+cache."""
 
 from __future__ import annotations
 
@@ -43,18 +44,26 @@ def ask(server, model=None):
     return server.post(CHAT, body)
 
 
-def test_listing_and_hot_swap(launch, tiny_model, model_dir, hub_cache):
-    srv = launch(tiny_model, "--model-dir", str(model_dir), env={"HF_HUB_CACHE": str(hub_cache)})
-    ids = [m["id"] for m in srv.get("/v1/models")[2]["data"]]
-    assert ids == [str(tiny_model), "broken", "tiny-copy", "tiny-org/tiny-chat"]
+def states(server) -> dict[str, str]:
+    return {m["id"]: m["state"] for m in server.get("/v1/models")[2]["data"]}
 
-    for model in ("tiny-copy", "tiny-org/tiny-chat", None):
+
+def test_listing_and_loading_by_name(launch, tiny_model, model_dir, hub_cache):
+    """Models named by a request load beside the served one and stay resident."""
+    srv = launch(tiny_model, "--model-dir", str(model_dir), env={"HF_HUB_CACHE": str(hub_cache)})
+    assert states(srv) == {
+        str(tiny_model): "loaded",
+        "broken": "not-loaded",
+        "tiny-copy": "not-loaded",
+        "tiny-org/tiny-chat": "not-loaded",
+    }
+    for model in ("tiny-copy", "tiny-org/tiny-chat", None, "tiny-copy"):
         status, _, body = ask(srv, model)
         assert status == 200 and body["choices"][0]["message"]["content"] == REPLY
         assert body["model"] == (model or str(tiny_model))
-        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # a fresh cache
-    assert len(loads(srv)) == 4  # the served model, both others, then the served one again
+    assert len(loads(srv)) == 3  # each once: they stay resident
     assert "tiny-copy" in loads(srv)[1]
+    assert states(srv)["tiny-copy"] == states(srv)["tiny-org/tiny-chat"] == "loaded"
 
 
 def test_failed_load_keeps_the_previous_model(launch, tiny_model, model_dir):

@@ -27,6 +27,8 @@ DETOKENIZE_PATHS = ("/detokenize", "/v1/detokenize")
 HEALTH_PATHS = ("/health", "/v1/health")
 MODELS_PATHS = ("/v1/models", "/models")
 MODEL_PREFIXES = ("/v1/models/", "/models/")
+LOAD_PATHS = ("/v1/models/load", "/models/load")
+UNLOAD_PATHS = ("/v1/models/unload", "/models/unload")
 METRICS_PATHS = ("/metrics",)
 GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS
 
@@ -54,6 +56,8 @@ class Routes:
             **dict.fromkeys(MESSAGES_PATHS, self.anthropic.messages),
             **dict.fromkeys(COUNT_TOKENS_PATHS, self.anthropic.count_tokens),
             **dict.fromkeys(RESPONSES_PATHS, self.responses.create),
+            **dict.fromkeys(LOAD_PATHS, self.openai.load_model),
+            **dict.fromkeys(UNLOAD_PATHS, self.openai.unload_model),
             **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
             **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,13 +84,14 @@ class BatchSession:
         loaded: LoadedModel,
         cache: PromptCache,
         limits: BatchLimits,
-        kv_bytes: int | None = None,
+        trim_prompt_cache: Callable[[], None] = lambda: None,
     ):
-        """`kv_bytes`: what the memory budget leaves for KV caches (None: no bound)."""
+        """`trim_prompt_cache`: called when KV caches grew or were set free, for the
+        prompt cache to give way within the budget (the worker knows every model's)."""
         self._loaded = loaded
         self._cache = cache
         self._limits = limits
-        self.kv_bytes = kv_bytes
+        self._trim_prompt_cache = trim_prompt_cache
         self._quantization = (
             KVQuantization(limits.kv_bits, limits.kv_group_size) if limits.kv_bits else None
         )
@@ -122,6 +124,10 @@ class BatchSession:
     def spec(self):
         return self._loaded.spec
 
+    @property
+    def weight_bytes(self) -> int:
+        return self._loaded.nbytes
+
     def __len__(self) -> int:
         """Jobs running or waiting to run."""
         return len(self._sequences) + sum(len(a.jobs) for a in self._admitted)
@@ -136,13 +142,23 @@ class BatchSession:
             job for a in self._admitted for job in a.jobs
         ]
 
-    def fits(self, jobs: list[GenerationJob]) -> bool:
+    def fits(self, jobs: list[GenerationJob], room: int | None) -> bool:
         """Whether `jobs` can join without the batch's KV caches, grown to every job's
-        prompt + max_tokens, going beyond the budget. An idle session takes anything."""
-        if self.kv_bytes is None or len(self) == 0:
+        prompt + max_tokens, taking more than `room` bytes (None: no bound)."""
+        if room is None:
             return True
         lengths = [reserved_tokens(job) for job in [*self.jobs(), *jobs]]
-        return self.footprint.batch(lengths) <= self.kv_bytes
+        return self.footprint.batch(lengths) <= room
+
+    def reserved_bytes(self) -> int:
+        """The KV bytes the batch may grow to: every job at its prompt + max_tokens."""
+        jobs = self.jobs()
+        return self.footprint.batch([reserved_tokens(job) for job in jobs]) if jobs else 0
+
+    def live_bytes(self) -> int:
+        """The KV bytes held now: the running batch's caches and the waiting prompts'."""
+        waiting = sum(cache_bytes(a.hit.cache) for a in self._admitted)
+        return self._generator.prompt_cache_nbytes + waiting
 
     def admit(self, job: GenerationJob) -> None:
         """Queue a job. Jobs with the same prompt (a request's `n` choices, or a burst of
@@ -269,12 +285,3 @@ class BatchSession:
             self._cache.store(self._key, list(tokens), cache)
         for uid in uids:
             del self._sequences[uid]
-
-    def _trim_prompt_cache(self) -> None:
-        """The prompt cache's byte budget covers the caches of running sequences too; the
-        memory budget bounds it as well."""
-        budgets = [b for b in (self._cache.max_bytes, self.kv_bytes) if b is not None]
-        if budgets:
-            budget = min(budgets)
-            waiting = sum(cache_bytes(a.hit.cache) for a in self._admitted)
-            self._cache.trim_to(budget - self._generator.prompt_cache_nbytes - waiting)

@@ -52,8 +52,9 @@ class PromptCache:
         self._max_entries = max_entries
         self.max_bytes = max_bytes  # None: no byte budget
         self._disk = disk
-        # Off while a vision model is served: the disk format is mlx-lm's cache classes.
-        self.persist = True
+        # Models whose entries never go to disk (vision models: the disk format is mlx-lm's
+        # cache classes), by the start of their keys.
+        self._volatile: set[str] = set()
         self._entries: OrderedDict[tuple[str, bytes], _Entry] = OrderedDict()
         self._nbytes = 0
 
@@ -84,7 +85,7 @@ class PromptCache:
         caps the prefix a prompt may take (a vision prompt's images)."""
         wanted = np.asarray(prompt, dtype=np.int64)
         ident, usable = self._best_entry(key, wanted, reusable or (lambda n: n))
-        disk = self._disk if self.persist else None
+        disk = self._disk if self._persists(key) else None
         loaded = disk.load_longer(key, wanted, usable) if disk else None
         if loaded is not None:
             tokens, cache, usable = loaded
@@ -136,17 +137,27 @@ class PromptCache:
         """Evict least recently used entries until the cache holds at most `max_bytes`."""
         self._fit(0, max(0, max_bytes))
 
-    def clear(self) -> None:
-        """Forget every entry (the model changed); the disk tier keeps what it has."""
-        self.flush()
-        self._entries.clear()
-        self._nbytes = 0
+    def keep_off_disk(self, model_key: str) -> None:
+        """Entries of this model (keys starting with `model_key`) stay in memory only."""
+        self._volatile.add(model_key)
+
+    def forget(self, model_key: str) -> None:
+        """Drop a model's entries (it was unloaded); the disk tier gets them first."""
+        for ident in [i for i in self._entries if i[0].startswith(model_key)]:
+            entry = self._entries.pop(ident)
+            self._nbytes -= entry.nbytes
+            self._save(ident[0], entry)
 
     def flush(self) -> None:
-        """Write every memory entry to the disk tier (at shutdown or a model swap)."""
-        if self._disk is None or not self.persist:
-            return
+        """Write every memory entry to the disk tier (at shutdown)."""
         for (key, _), entry in self._entries.items():
+            self._save(key, entry)
+
+    def _persists(self, key: str) -> bool:
+        return self._disk is not None and not any(key.startswith(v) for v in self._volatile)
+
+    def _save(self, key: str, entry: _Entry) -> None:
+        if self._persists(key):
             self._disk.save(key, entry.tokens, entry.cache)
 
     def _fit(self, excess_entries: int, max_bytes: int | None) -> None:
@@ -155,8 +166,7 @@ class PromptCache:
             ident, entry = self._entries.popitem(last=False)
             self._nbytes -= entry.nbytes
             excess_entries -= 1
-            if self._disk is not None and self.persist:
-                self._disk.save(ident[0], entry.tokens, entry.cache)
+            self._save(ident[0], entry)
 
     def _drop(self, ident: tuple[str, bytes]) -> None:
         entry = self._entries.pop(ident, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm import stream_generate
@@ -29,7 +29,7 @@ class Cancelled(Exception):
 
 def generate_single(
     loaded: LoadedModel, cache: PromptCache, job: GenerationJob, prefill_chunk: int
-) -> None:
+) -> SingleRun:
     models = [loaded.model, loaded.draft_model]
     hit = cache.fetch(
         job.spec.key, lambda: [c for m in models for c in make_prompt_cache(m)], job.prompt
@@ -50,34 +50,51 @@ def generate_single(
         prompt_progress_callback=_progress(job, len(hit.rest)),
     )
     steps = ((gen.token, gen.logprobs, gen.finish_reason) for gen in generation)
-    run_steps(loaded, cache, job, hit, job.prompt, steps)
+    return SingleRun(loaded, cache, job, hit, job.prompt, steps)
 
 
-def run_steps(
-    loaded: LoadedModel,
-    cache: PromptCache,
-    job: GenerationJob,
-    hit: CacheHit,
-    cache_tokens: list[int],
-    steps: Iterable[Step],
-) -> None:
-    """Turn generated tokens into the job's events until a finish, a stop string or a
-    cancellation; what the cache then holds is kept under `cache_tokens` + the output."""
-    output = SequenceOutput(job, loaded.tokenizer, hit.cached_tokens)
-    fed = list(cache_tokens)
-    finish_reason = None
-    try:
-        for token, logprobs, finish_reason in steps:
-            fed.append(token)
-            stopped = output.add(token, logprobs, finish_reason)
-            if stopped or finish_reason:
-                break
-            if job.cancelled.is_set():
-                return
-    except Cancelled:
-        return
-    cache.store(job.spec.key, fed, hit.cache)
-    output.finish(finish_reason or "stop")
+class SingleRun:
+    """One job generated a token at a time, so that other models' batches step between
+    its tokens; what its cache holds at the end is kept under `cache_tokens` + the
+    output."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache: PromptCache,
+        job: GenerationJob,
+        hit: CacheHit,
+        cache_tokens: list[int],
+        steps: Iterator[Step],
+    ):
+        self.job = job
+        self._cache = cache
+        self._hit = hit
+        self._steps = steps
+        self._output = SequenceOutput(job, loaded.tokenizer, hit.cached_tokens)
+        self._fed = list(cache_tokens)
+
+    def advance(self) -> bool:
+        """Generate the next token and send its events; False once the job is over (a
+        finish, a stop string, or a cancellation)."""
+        if self.job.cancelled.is_set():
+            return False
+        try:
+            token, logprobs, finish_reason = next(self._steps)
+        except StopIteration:
+            self._finish(None)
+            return False
+        except Cancelled:
+            return False
+        self._fed.append(token)
+        if self._output.add(token, logprobs, finish_reason) or finish_reason:
+            self._finish(finish_reason)
+            return False
+        return True
+
+    def _finish(self, finish_reason: str | None) -> None:
+        self._cache.store(self.job.spec.key, self._fed, self._hit.cache)
+        self._output.finish(finish_reason or "stop")
 
 
 def _progress(job: GenerationJob, total: int) -> Callable[[int, int], None]:

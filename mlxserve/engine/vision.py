@@ -1,4 +1,5 @@
-"""Generation for vision models with mlx-vlm's generate_step, one request at a time.
+"""Generation for vision models with mlx-vlm's generate_step, one request at a time (a
+token at a time, see `single.SingleRun`).
 
 The prompt cache is shared with the text path; a vision prompt is looked up by its
 `cache_tokens` (image placeholders keyed by the images' bytes), and a cached prefix is
@@ -20,7 +21,7 @@ from mlx_vlm.models.cache import make_prompt_cache
 from mlxserve.engine.jobs import GenerationJob, PromptImages
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
-from mlxserve.engine.single import Step, run_steps
+from mlxserve.engine.single import SingleRun, Step
 from mlxserve.models.provider import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def generate_vision(
     loaded: LoadedModel, cache: PromptCache, job: GenerationJob, prefill_chunk: int
-) -> None:
+) -> SingleRun:
     images = job.images or _text_only(job.prompt)
     language_model = loaded.model.language_model
     prompt = mx.array(job.prompt)[None]
@@ -59,7 +60,7 @@ def generate_vision(
         **kwargs,
     )
     steps = _steps(generation, set(tokenizer.eos_token_ids), params.max_tokens)
-    run_steps(loaded, cache, job, hit, images.cache_tokens, steps)
+    return SingleRun(loaded, cache, job, hit, images.cache_tokens, steps)
 
 
 def _text_only(prompt: list[int]) -> PromptImages:

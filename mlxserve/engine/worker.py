@@ -1,9 +1,12 @@
 """The generation thread: the only thread that makes MLX calls.
 
-HTTP threads submit a request's jobs and read events from the queue the jobs share. The
-thread admits jobs into the running batch between decode steps; jobs for another model
-wait until the batch drains, then the model is swapped. If the loop fails, the requests in
-flight get a server error and the loop starts again with a fresh batch.
+HTTP threads submit a request's jobs and read events from the queue the jobs share. Each
+resident model has a session (a continuous batch, or one request at a time for models
+batching cannot serve); the thread admits jobs into their model's session between steps
+and steps every busy session in turn, one step each, so that models share the thread
+fairly. A model that is not resident is loaded when a request needs it, unloading the
+least recently used idle models first if the memory budget asks for it. If the loop fails,
+the requests in flight get a server error and the loop starts again with fresh sessions.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import GB
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
-from mlxserve.engine.single import generate_single
-from mlxserve.engine.vision import generate_vision
-from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
+from mlxserve.engine.stream_session import StreamSession
+from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec, stored_bytes
 from mlxserve.protocol.errors import (
+    ErrorKind,
     ServiceError,
     bad_request,
     busy,
@@ -40,6 +43,9 @@ SHUTTING_DOWN = "The server is shutting down."
 # Gathering a burst: wait up to GAP for the next arrival, GATHER_MAX in all.
 GATHER_GAP_SECONDS = 0.004
 GATHER_MAX_SECONDS = 0.03
+IDLE_CHECK_SECONDS = 1.0  # how often an idle thread looks for models to unload
+
+Session = BatchSession | StreamSession
 
 
 class GenerationWorker:
@@ -50,9 +56,11 @@ class GenerationWorker:
         limits: BatchLimits,
         capacity: int,
         memory_budget: int | None = None,
+        idle_unload_seconds: float | None = None,
     ):
         self._provider = provider
         self._memory_budget = memory_budget  # bytes for weights and KV caches
+        self._idle_unload_seconds = idle_unload_seconds
         self._cache = cache
         self._limits = limits
         self._capacity = capacity  # jobs running or waiting; more are refused
@@ -60,8 +68,7 @@ class GenerationWorker:
         self._in_flight_lock = threading.Lock()
         self._intake: queue.Queue = queue.Queue()
         self._pending: deque[list[GenerationJob]] = deque()
-        self._session: BatchSession | None = None
-        self._current: LoadedModel | None = None  # the model the session was made for
+        self._sessions: dict[ModelSpec, Session] = {}
         self._starting: list[GenerationJob] = []
         self._serving = threading.Event()
         self._stopping = False
@@ -86,10 +93,8 @@ class GenerationWorker:
 
     @property
     def running(self) -> int:
-        """Sequences decoding now (read from any thread: a snapshot). Without a batch,
-        the request being generated one at a time."""
-        session = self._session
-        return session.decoding if session is not None else len(self._starting)
+        """Sequences decoding now, every model's (read from any thread: a snapshot)."""
+        return sum(s.decoding for s in list(self._sessions.values()))
 
     @property
     def waiting(self) -> int:
@@ -99,17 +104,20 @@ class GenerationWorker:
     def check_memory(
         self, spec: ModelSpec, prompt_tokens: int, max_tokens: int, sequences: int, param: str
     ) -> None:
-        """A 400 for a request whose KV caches alone would exceed the memory budget (known
-        once its model is loaded): it could never run."""
-        session = self._session
-        if session is None or session.spec != spec or session.kv_bytes is None:
+        """A 400 for a request whose KV caches alone would exceed what the memory budget
+        leaves beside its model's weights (known once its model is loaded): it could
+        never run."""
+        session = self._sessions.get(spec)
+        budget = self._memory_budget
+        if not isinstance(session, BatchSession) or budget is None:
             return
+        room = budget - session.weight_bytes
         need = session.footprint.batch([prompt_tokens + max_tokens] * sequences)
-        if need > session.kv_bytes:
+        if need > room:
             raise bad_request(
                 f"This request needs {need / GB:.2f} GB of KV cache ({sequences} x "
                 f"({prompt_tokens} prompt + {max_tokens} max_tokens) tokens), more than the "
-                f"{session.kv_bytes / GB:.2f} GB the memory budget leaves after the weights.",
+                f"{room / GB:.2f} GB the memory budget leaves after the weights.",
                 param=param,
                 code="insufficient_memory",
             )
@@ -156,25 +164,27 @@ class GenerationWorker:
                 reseed_random()
         self._fail_in_flight(unavailable(SHUTTING_DOWN))
         self._fail_waiting(unavailable(SHUTTING_DOWN))
-        if self._session is not None:
-            self._session.close()
         self._cache.flush()
 
     def _serve(self) -> None:
         while True:
-            decoding = self._session is not None and len(self._session) > 0
-            if not self._take(block=not decoding and not self._pending):
+            busy_sessions = [s for s in self._sessions.values() if len(s) > 0]
+            if not self._take(block=not busy_sessions and not self._pending):
                 return
             self._admit()
-            if self._session is not None and len(self._session) > 0:
-                self._session.step()
+            for session in [s for s in self._sessions.values() if len(s) > 0]:
+                self._provider.touch(session.spec)
+                session.step()
+            self._unload_idle()
 
     def _take(self, block: bool) -> bool:
         """Move submitted work to the pending queue (run calls at once); False on stop.
         Woken from idle, it keeps taking while requests keep arriving (a burst of clients
-        is still rendering its prompts), so that the burst starts as one batch."""
+        is still rendering its prompts), so that the burst starts as one batch. Idle, it
+        wakes up now and then to unload idle models."""
+        timeout = IDLE_CHECK_SECONDS if self._idle_unload_seconds is not None else None
         try:
-            item = self._intake.get(block=block)
+            item = self._intake.get(block=block, timeout=timeout if block else None)
         except queue.Empty:
             return True
         gather_until = time.monotonic() + GATHER_MAX_SECONDS if block else 0.0
@@ -193,87 +203,178 @@ class GenerationWorker:
                 return True
 
     def _admit(self) -> None:
-        """Start pending requests in order; one for another model waits for the batch."""
-        while self._pending:
-            jobs = [job for job in self._pending[0] if not job.cancelled.is_set()]
-            if not jobs:
-                self._pending.popleft()
+        """Start pending requests, in order for each model: a request that does not fit
+        its model's memory yet waits (and the later ones for that model with it), while
+        other models' requests go ahead."""
+        waiting: set[ModelSpec] = set()
+        for request in list(self._pending):
+            jobs = [job for job in request if not job.cancelled.is_set()]
+            spec = jobs[0].spec if jobs else None
+            if spec in waiting:
                 continue
-            session = self._session
-            if session is not None and len(session) > 0 and session.spec != jobs[0].spec:
-                return
-            if session is not None and session.spec == jobs[0].spec and not session.fits(jobs):
-                return  # it waits for running requests to free their KV caches
-            self._pending.popleft()
-            self._starting = jobs
             try:
-                self._start(jobs)
+                if jobs and not self._start(spec, jobs):
+                    waiting.add(spec)
+                    continue
             except ServiceError as e:
-                for job in jobs:
-                    job.emit(ErrorEvent(e))
-            self._starting = []
+                self._answer(jobs, e)
+            except Exception as e:  # a bug: this request fails, the others go on
+                log.exception("admitting a request failed")
+                self._answer(jobs, internal_error(f"Generation failed: {e}"))
+            self._pending.remove(request)
+
+    def _start(self, spec: ModelSpec, jobs: list[GenerationJob]) -> bool:
+        """Admit a request's jobs into its model's session; False if they must wait."""
+        session = self._session(spec)
+        if not session.fits(jobs, self._kv_room(session)):
+            return False
+        self._starting = jobs
+        for job in jobs:
+            session.admit(job)
+        self._starting = []
+        return True
+
+    @staticmethod
+    def _answer(jobs: list[GenerationJob], error: ServiceError) -> None:
+        for job in jobs:
+            job.emit(ErrorEvent(error))
 
     def load(self, spec: ModelSpec) -> LoadedModel:
-        """Make `spec` the model served (generation thread only: through `call`)."""
+        """Make `spec` resident and ready to serve (generation thread only: through
+        `call`)."""
+        self._session(spec)
+        return self._provider.activate(spec)
+
+    def unload(self, spec: ModelSpec) -> None:
+        """Unload a model now (generation thread only); a 409 while it has requests."""
+        if self._busy(spec):
+            raise ServiceError(
+                ErrorKind.CONFLICT,
+                f"{spec.path.name} has requests running or waiting; it is unloaded once idle.",
+                param="model",
+                code="model_busy",
+            )
+        self._unload(spec)
+
+    def _session(self, spec: ModelSpec) -> Session:
+        """The model's session, loading the model first if it is not resident."""
+        session = self._sessions.get(spec)
+        if session is not None:
+            return session
+        self._make_room(spec)
         loaded = self._provider.activate(spec)
-        if loaded is not self._current:
-            self._switch(loaded)
-        return loaded
+        try:
+            session = self._open(loaded)
+        except ServiceError:
+            self._provider.unload(spec)
+            raise
+        self._sessions[spec] = session
+        return session
 
-    def _start(self, jobs: list[GenerationJob]) -> None:
-        loaded = self.load(jobs[0].spec)
-        if self._session is None:
-            for job in jobs:
-                self._run_single(loaded, job)
-            return
-        for job in jobs:
-            self._session.admit(job)
-
-    def _switch(self, loaded: LoadedModel) -> None:
-        """Serve `loaded` from now on; if it cannot be served with these settings (its
-        weights beyond the memory budget, a cache that cannot be quantized), the error
-        goes to the request and the next request for it tries again."""
-        kv_bytes = self._kv_bytes(loaded)
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-        self._current = None
-        self._cache.clear()
-        self._cache.persist = not loaded.spec.vision
-        if can_batch(loaded):
-            self._session = BatchSession(loaded, self._cache, self._limits, kv_bytes)
-        else:
+    def _open(self, loaded: LoadedModel) -> Session:
+        """A session for a model just loaded: a batch, or one request at a time."""
+        budget = self._memory_budget
+        if budget is not None and budget <= self._provider.weight_bytes():
+            raise self._too_large(loaded.spec.path.name, loaded.nbytes)
+        if not can_batch(loaded):
             why = "a vision model" if loaded.spec.vision else "a draft model"
             log.info("Serving %s one request at a time (%s)", loaded.spec.path, why)
-        self._current = loaded
+            self._cache.keep_off_disk(loaded.spec.key)
+            return StreamSession(loaded, self._cache, self._limits.prefill_chunk)
+        return BatchSession(loaded, self._cache, self._limits, self._trim_prompt_cache)
 
-    def _kv_bytes(self, loaded: LoadedModel) -> int | None:
-        """What the memory budget leaves for KV caches beside the weights."""
+    def _too_large(self, name: str, weight_bytes: int) -> ServiceError:
+        return bad_request(
+            f"The memory budget ({self._memory_budget / GB:.2f} GB) does not hold the "
+            f"weights of {name} ({weight_bytes / GB:.2f} GB)."
+        )
+
+    def _make_room(self, spec: ModelSpec) -> None:
+        """Unload idle models, least recently used first, until `spec`'s weights fit the
+        memory budget beside the others; a 503 saying what is resident if they cannot."""
+        budget = self._memory_budget
+        if budget is None:
+            return
+        need = stored_bytes(spec)
+        if need >= budget:
+            raise self._too_large(spec.path.name, need)
+        for loaded in self._provider.resident:
+            if self._provider.weight_bytes() + need <= budget:
+                return
+            if not self._busy(loaded.spec) and not self._provider.pinned(loaded.spec):
+                self._unload(loaded.spec)
+        if self._provider.weight_bytes() + need > budget:
+            resident = ", ".join(
+                f"{self._provider.name(m.spec)} ({m.nbytes / GB:.2f} GB"
+                f"{', busy' if self._busy(m.spec) else ''}"
+                f"{', pinned' if self._provider.pinned(m.spec) else ''})"
+                for m in self._provider.resident
+            )
+            raise ServiceError(
+                ErrorKind.UNAVAILABLE,
+                f"{spec.path.name} ({need / GB:.2f} GB) does not fit the memory budget "
+                f"({budget / GB:.2f} GB) beside the resident models: {resident}. Retry "
+                "when they are idle, or unload one.",
+                param="model",
+                code="insufficient_memory",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+
+    def _busy(self, spec: ModelSpec) -> bool:
+        session = self._sessions.get(spec)
+        pending = any(job.spec == spec for request in self._pending for job in request)
+        return pending or (session is not None and len(session) > 0)
+
+    def _unload(self, spec: ModelSpec) -> None:
+        session = self._sessions.pop(spec, None)
+        if session is not None:
+            session.close()
+        self._cache.forget(spec.key)
+        self._provider.unload(spec)
+
+    def _unload_idle(self) -> None:
+        limit = self._idle_unload_seconds
+        if limit is None:
+            return
+        for loaded in self._provider.resident:
+            spec = loaded.spec
+            idle = self._provider.idle_for(spec) >= limit and not self._busy(spec)
+            if idle and not self._provider.pinned(spec):
+                log.info("%s idle for %.0fs", spec.path.name, limit)
+                self._unload(spec)
+
+    def _kv_room(self, session: Session) -> int | None:
+        """What the memory budget leaves for `session`'s KV caches: the budget less every
+        resident model's weights and what the other sessions may grow to. A session alone
+        in the thread may take its whole share (what `check_memory` let in fits it)."""
         budget = self._memory_budget
         if budget is None:
             return None
-        if budget <= loaded.nbytes:
-            raise bad_request(
-                f"The memory budget ({budget / GB:.2f} GB) does not hold the weights of "
-                f"{loaded.spec.path.name} ({loaded.nbytes / GB:.2f} GB)."
-            )
-        return budget - loaded.nbytes
+        others = [s for s in self._sessions.values() if s is not session]
+        if len(session) == 0 and not any(len(s) for s in others):
+            return None
+        reserved = sum(s.reserved_bytes() for s in others)
+        return budget - self._provider.weight_bytes() - reserved
 
-    def _run_single(self, loaded: LoadedModel, job: GenerationJob) -> None:
-        generate = generate_vision if loaded.spec.vision else generate_single
-        try:
-            generate(loaded, self._cache, job, self._limits.prefill_chunk)
-        except Exception as e:
-            log.exception("generation failed")
-            reseed_random()
-            job.emit(ErrorEvent(internal_error(f"Generation failed: {e}")))
+    def _trim_prompt_cache(self) -> None:
+        """The prompt cache's byte budget covers the caches of running sequences too; the
+        memory budget, less the weights, bounds it as well."""
+        budgets = [self._cache.max_bytes]
+        if self._memory_budget is not None:
+            budgets.append(self._memory_budget - self._provider.weight_bytes())
+        budgets = [b for b in budgets if b is not None]
+        if budgets:
+            live = sum(
+                s.live_bytes() for s in self._sessions.values() if isinstance(s, BatchSession)
+            )
+            self._cache.trim_to(min(budgets) - live)
 
     def _fail_in_flight(self, error: ServiceError) -> None:
         jobs = dict.fromkeys(self._starting)
-        if self._session is not None:
-            jobs.update(dict.fromkeys(self._session.jobs()))
-            self._session = None
-            self._current = None
+        for session in self._sessions.values():
+            jobs.update(dict.fromkeys(session.jobs()))
+            session.close()
+        self._sessions.clear()
         for job in jobs:
             job.emit(ErrorEvent(error))
         self._starting = []

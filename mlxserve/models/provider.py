@@ -1,6 +1,7 @@
-"""ModelProvider: resolves model ids to folders, loads them, hot-swaps between them.
+"""ModelProvider: resolves model ids to folders, loads them and keeps several resident
+(least recently used first out, when the generation thread needs the memory).
 
-Resolving and tokenizers run on HTTP threads (no MLX); `activate` runs on the
+Resolving and tokenizers run on HTTP threads (no MLX); loading and unloading run on the
 generation thread, the only one that touches MLX.
 """
 
@@ -11,6 +12,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,26 +91,35 @@ def resolve_model_path(name: str) -> Path:
 
 
 class ModelProvider:
-    def __init__(self, config: ServerConfig, default_path: Path):
+    def __init__(self, config: ServerConfig, paths: list[Path]):
+        """`paths`: the folders of the --model models, in order (the first is the
+        default, and the one --adapter-path and --draft-model apply to)."""
         self.config = config
         self.alias = config.model
         draft = resolve_model_path(config.draft_model) if config.draft_model else None
-        self.default = ModelSpec(default_path, config.adapter_path, draft)
+        self.default = ModelSpec(paths[0], config.adapter_path, draft)
+        specs = [self.default, *(ModelSpec(path) for path in paths[1:])]
+        self.served: dict[str, ModelSpec] = dict(zip(config.models, specs, strict=True))
         self._model_dirs = [d.expanduser().resolve() for d in config.model_dirs]
         self._tokenizers: dict[Path, Any] = {}
         self._processors: dict[Path, Any] = {}
         self._kept_lock = threading.Lock()
-        self._loaded: LoadedModel | None = None
+        self._resident: OrderedDict[ModelSpec, LoadedModel] = OrderedDict()  # LRU first
+        self._resident_lock = threading.Lock()  # changed on one thread, read on all
+        self._last_used: dict[ModelSpec, float] = {}
 
     # HTTP threads ---------------------------------------------------------------------
 
     def resolve(self, requested: str | None) -> ModelSpec:
         """The spec for a request's `model`, or a 404 if this server may not serve it."""
         requested = self.unalias(requested)
-        if not requested or requested in (self.alias, "default", str(self.default.path)):
+        if not requested or requested == "default":
             return self.default
-        if is_demo_name(requested) and is_demo_name(self.alias):
-            return self.default
+        for name, spec in self.served.items():
+            if requested in (name, str(spec.path)) or (
+                is_demo_name(requested) and is_demo_name(name)
+            ):
+                return spec
         path = self._local_path(requested)
         if path is None and _REPO_ID.match(requested):
             path = _hub_snapshot(requested)
@@ -118,16 +129,21 @@ class ModelProvider:
                 param="model",
                 code="model_not_found",
             )
-        return self.default if path == self.default.path else ModelSpec(path)
+        for spec in self.served.values():
+            if path == spec.path:
+                return spec
+        return ModelSpec(path)
 
     def name(self, spec: ModelSpec) -> str:
-        """The model's name in logs and metrics: the server's alias for its own model."""
-        return self.alias if spec == self.default else spec.path.name
+        """The model's name in logs and metrics: its --model name, else its folder's."""
+        for name, served in self.served.items():
+            if served == spec:
+                return name
+        return spec.path.name
 
     def memory_by_model(self) -> list[tuple[str, int]]:
         """(name, weight bytes) of each model in memory."""
-        loaded = self._loaded
-        return [(self.name(loaded.spec), loaded.nbytes)] if loaded is not None else []
+        return [(self.name(m.spec), m.nbytes) for m in self.resident]
 
     def unalias(self, requested: str | None) -> str | None:
         """The model an alias stands for: an exact name first, else the longest prefix."""
@@ -144,7 +160,7 @@ class ModelProvider:
         candidates = [d / requested for d in self._model_dirs]
         if requested.startswith(("/", ".", "~")):
             candidates.insert(0, Path(requested).expanduser())
-        roots = [self.default.path, *self._model_dirs]
+        roots = [*(spec.path for spec in self.served.values()), *self._model_dirs]
         for candidate in candidates:
             try:
                 resolved = candidate.resolve()
@@ -184,9 +200,9 @@ class ModelProvider:
             return kept[spec.path]
 
     def list_models(self) -> list[dict]:
-        """Servable models; `input_modalities` says which take images (as OpenRouter's
-        model list does)."""
-        found = {self.alias: self.default.path}
+        """Servable models, the --model ones first; `input_modalities` says which take
+        images (as OpenRouter's model list does), `state` which are in memory."""
+        found = {name: spec.path for name, spec in self.served.items()}
         for root in self._model_dirs:
             for config in [
                 *sorted(root.glob("*/config.json")),
@@ -195,6 +211,7 @@ class ModelProvider:
                 found.setdefault(str(config.parent.relative_to(root)), config.parent)
         for repo_id, path in _cached_hub_models():
             found.setdefault(repo_id, path)
+        resident = {m.spec.path for m in self.resident}
         return [
             {
                 "id": model_id,
@@ -202,20 +219,54 @@ class ModelProvider:
                 "created": 0,
                 "owned_by": "mlxserve",
                 "input_modalities": ["text", "image"] if is_vision_model(path) else ["text"],
+                "state": "loaded" if path in resident else "not-loaded",
             }
             for model_id, path in found.items()
         ]
 
-    # Generation thread ----------------------------------------------------------------
+    def pinned(self, spec: ModelSpec) -> bool:
+        return self.config.pin and spec in self.served.values()
+
+    # Residency (read anywhere, changed on the generation thread) -----------------------
 
     @property
-    def loaded(self) -> LoadedModel | None:
-        return self._loaded
+    def resident(self) -> list[LoadedModel]:
+        """The models in memory, least recently used first."""
+        with self._resident_lock:
+            return list(self._resident.values())
+
+    def touch(self, spec: ModelSpec) -> None:
+        """A model was just used: it is the last to be unloaded for memory or idleness."""
+        with self._resident_lock:
+            if spec in self._resident:
+                self._resident.move_to_end(spec)
+                self._last_used[spec] = time.monotonic()
+
+    def idle_for(self, spec: ModelSpec) -> float:
+        return time.monotonic() - self._last_used.get(spec, time.monotonic())
+
+    def weight_bytes(self) -> int:
+        """The weights of every resident model."""
+        return sum(m.nbytes for m in self.resident)
+
+    def unload(self, spec: ModelSpec) -> None:
+        """Free a model's weights (and MLX's cached buffers)."""
+        import mlx.core as mx
+
+        with self._resident_lock:
+            if self._resident.pop(spec, None) is None:
+                return
+            self._last_used.pop(spec, None)
+        gc.collect()
+        mx.clear_cache()
+        log.info("Unloaded %s", spec.path)
 
     def activate(self, spec: ModelSpec) -> LoadedModel:
-        """Make `spec` the loaded model; on failure the previous one stays loaded."""
-        if self._loaded is not None and self._loaded.spec == spec:
-            return self._loaded
+        """The model `spec` in memory, loaded now if it is not resident (the caller made
+        room for it); a failed load leaves the resident models as they were."""
+        if spec in self._resident:
+            self.touch(spec)
+            return self._resident[spec]
         import mlx.core as mx
 
         log.info("Loading model from %s (%s)", spec.path, "vision" if spec.vision else "text")
@@ -227,11 +278,10 @@ class ModelProvider:
             raise
         except Exception as e:
             raise _load_error(spec, e) from e
-        # The previous model's arrays go now; MLX keeps freed buffers for reuse unless told.
-        self._loaded = None
-        gc.collect()
-        mx.clear_cache()
-        self._loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft))
+        loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft))
+        with self._resident_lock:
+            self._resident[spec] = loaded
+        self.touch(spec)
         log.info(
             "Loaded %s in %.1fs (peak memory %.2f GB, active %.2f GB)",
             spec.path,
@@ -240,7 +290,7 @@ class ModelProvider:
             mx.get_active_memory() / 1e9,
         )
         mx.reset_peak_memory()
-        return self._loaded
+        return loaded
 
     def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None]:
         """(model, draft model or None)."""
@@ -255,6 +305,12 @@ class ModelProvider:
             model.eval()
         draft = load_model(spec.draft_path)[0] if spec.draft_path else None
         return model, draft
+
+
+def stored_bytes(spec: ModelSpec) -> int:
+    """What a model's weights take on disk: about what they take in memory once loaded."""
+    folders = [spec.path, *([spec.draft_path] if spec.draft_path else [])]
+    return sum(f.stat().st_size for folder in folders for f in folder.glob("*.safetensors"))
 
 
 def _weight_bytes(*models: Any) -> int:

@@ -14,6 +14,7 @@ class ErrorKind(Enum):
     FORBIDDEN = "forbidden"  # not from where this server answers (a Host, an Origin)
     NOT_FOUND = "not_found"  # an unknown model or path
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    CONFLICT = "conflict"  # not now, in this state (unloading a model that is busy)
     TOO_LARGE = "too_large"  # the request body
     TIMEOUT = "timeout"  # the client stopped sending its request
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body that is not JSON

@@ -8,6 +8,7 @@ from mlxserve.api.openai.errors import error_body
 from mlxserve.api.openai.requests import (
     ChatRequest,
     CompletionRequest,
+    ModelRequest,
     chat_request,
     completion_request,
 )
@@ -25,7 +26,7 @@ class OpenAIEndpoints:
 
     def health(self) -> tuple[int, dict]:
         service = self.service
-        if not service.worker.alive or service.provider.loaded is None:
+        if not service.worker.alive or not service.provider.resident:
             return 503, {"status": "unavailable"}
         body = {"status": "ok", "model": service.provider.alias}
         cache = service.worker.prompt_cache
@@ -44,6 +45,25 @@ class OpenAIEndpoints:
         raise not_found(
             f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
         )
+
+    def load_model(self, raw: bytes, handler) -> dict:
+        """POST /v1/models/load: make a model resident now."""
+        name = parse(ModelRequest, raw).model
+        spec = self.service.provider.resolve(name)
+        self.service.worker.call(lambda: self.service.worker.load(spec))
+        return self._state(name)
+
+    def unload_model(self, raw: bytes, handler) -> dict:
+        """POST /v1/models/unload: free a model's memory now (a 409 while it is busy)."""
+        name = parse(ModelRequest, raw).model
+        spec = self.service.provider.resolve(name)
+        self.service.worker.call(lambda: self.service.worker.unload(spec))
+        return self._state(name)
+
+    def _state(self, name: str) -> dict:
+        spec = self.service.provider.resolve(name)
+        loaded = any(m.spec == spec for m in self.service.provider.resident)
+        return {"id": name, "object": "model", "state": "loaded" if loaded else "not-loaded"}
 
     def chat(self, raw: bytes, handler) -> dict | None:
         wire = parse(ChatRequest, raw)

@@ -12,6 +12,7 @@ STATUS = {
     ErrorKind.FORBIDDEN: (403, "permission_error"),
     ErrorKind.NOT_FOUND: (404, "invalid_request_error"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.CONFLICT: (409, "invalid_request_error"),
     ErrorKind.TOO_LARGE: (413, "invalid_request_error"),
     ErrorKind.TIMEOUT: (408, "invalid_request_error"),
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),

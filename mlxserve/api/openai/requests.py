@@ -266,6 +266,12 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs
 
 
+class ModelRequest(_Strict):
+    """The body of /v1/models/load and /v1/models/unload."""
+
+    model: Annotated[str, Field(min_length=1)]
+
+
 # Translation into the neutral requests ------------------------------------------------
 
 

@@ -1,0 +1,83 @@
+"""One request at a time, a token per step, for a model batching cannot serve (a vision
+model, a draft model): the same session interface as `batch.BatchSession`, so the
+generation thread steps it beside other models' batches."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from mlxserve.engine.jobs import ErrorEvent, GenerationJob
+from mlxserve.engine.prompt_cache import PromptCache
+from mlxserve.engine.sampling import reseed_random
+from mlxserve.engine.single import SingleRun, generate_single
+from mlxserve.engine.vision import generate_vision
+from mlxserve.models.provider import LoadedModel, ModelSpec
+from mlxserve.protocol.errors import internal_error
+
+log = logging.getLogger(__name__)
+
+
+class StreamSession:
+    def __init__(self, loaded: LoadedModel, cache: PromptCache, prefill_chunk: int):
+        self._loaded = loaded
+        self._cache = cache
+        self._prefill_chunk = prefill_chunk
+        self._queue: deque[GenerationJob] = deque()
+        self._run: SingleRun | None = None
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self._loaded.spec
+
+    def __len__(self) -> int:
+        return len(self._queue) + (self._run is not None)
+
+    @property
+    def decoding(self) -> int:
+        return int(self._run is not None)
+
+    def jobs(self) -> list[GenerationJob]:
+        return ([self._run.job] if self._run is not None else []) + list(self._queue)
+
+    def fits(self, jobs: list[GenerationJob], room: int | None) -> bool:
+        return True  # they wait in line here
+
+    def reserved_bytes(self) -> int:
+        return 0  # not measured: one sequence at a time
+
+    def admit(self, job: GenerationJob) -> None:
+        self._queue.append(job)
+
+    def step(self) -> None:
+        """Start the next job if none runs, then generate one token of the running one."""
+        if self._run is None and not self._start():
+            return
+        run = self._run
+        try:
+            if not run.advance():
+                self._run = None
+        except Exception as e:
+            self._run = None
+            log.exception("generation failed")
+            reseed_random()
+            run.job.emit(ErrorEvent(internal_error(f"Generation failed: {e}")))
+
+    def close(self) -> None:
+        self._queue.clear()
+        self._run = None
+
+    def _start(self) -> bool:
+        while self._queue:
+            job = self._queue.popleft()
+            if job.cancelled.is_set():
+                continue
+            generate = generate_vision if self.spec.vision else generate_single
+            try:
+                self._run = generate(self._loaded, self._cache, job, self._prefill_chunk)
+                return True
+            except Exception as e:
+                log.exception("generation failed")
+                reseed_random()
+                job.emit(ErrorEvent(internal_error(f"Generation failed: {e}")))
+        return False

@@ -1,0 +1,161 @@
+"""Several models resident at once: every --model loaded at start, requests for different
+models running at the same time, the memory budget unloading idle models least recently
+used first, idle unload, pinning, and the operators' load/unload endpoints."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+from conversations import BY_NAME, COLOUR_QUESTION, data_uri, square_png
+from sse import open_stream
+from test_http import endless
+
+CHAT = "/v1/chat/completions"
+CAPITAL = BY_NAME["capital"]
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_model):
+    root = tmp_path / "models"
+    shutil.copytree(tiny_model, root / "tiny-copy")
+    return root
+
+
+def weights_gb(model) -> float:
+    return sum(f.stat().st_size for f in model.glob("*.safetensors")) / 1e9
+
+
+def ask(srv, model: str | None = None, conv=CAPITAL, **extra):
+    body = {**conv.request, **({"model": model} if model else {}), **extra}
+    return srv.post(CHAT, body)
+
+
+def reply(response) -> str:
+    status, _, body = response
+    assert status == 200, body
+    return body["choices"][0]["message"]["content"]
+
+
+def states(srv) -> dict[str, str]:
+    return {m["id"]: m["state"] for m in srv.get("/v1/models")[2]["data"]}
+
+
+def events(srv, word: str) -> list[str]:
+    return [line for line in srv.log if word in line]
+
+
+def test_two_models_stream_at_once(launch, tiny_model, metaspace_model):
+    """While an endless stream runs on one model, the other answers, exactly what it
+    answers alone; the stream goes on, and neither model is reloaded."""
+    srv = launch(str(tiny_model), "--model", str(metaspace_model))
+    assert states(srv) == {str(tiny_model): "loaded", str(metaspace_model): "loaded"}
+    alone = reply(ask(srv, str(metaspace_model)))
+    conn, response = open_stream(
+        srv.url, CHAT, {**endless(tiny_model, max_tokens=3000), "stream": True}
+    )
+    response.readline()  # the endless stream is decoding
+    assert reply(ask(srv, str(metaspace_model))) == alone == CAPITAL.reply
+    for _ in range(8):  # it is still streaming
+        line = response.readline()
+        assert b"[DONE]" not in line and b'"error"' not in line
+    conn.close()
+    assert len(events(srv, "Loading model from")) == 2
+
+
+def test_a_vision_and_a_text_model_together(launch, tiny_model, vision_model):
+    srv = launch(str(tiny_model), "--model", str(vision_model))
+    question = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": data_uri(square_png("green"))}},
+                {"type": "text", "text": COLOUR_QUESTION},
+            ],
+        }
+    ]
+    for _ in range(2):
+        assert reply(ask(srv)) == CAPITAL.reply
+        status, _, body = srv.post(CHAT, {"model": str(vision_model), "messages": question})
+        assert status == 200, (body, srv.log[-20:])
+        assert body["choices"][0]["message"]["content"] == "Green."
+    assert len(events(srv, "Loading model from")) == 2
+
+
+def test_the_budget_unloads_the_least_recently_used_idle_model(launch, tiny_model, model_dir):
+    """A budget with room for one model's weights: asking for the other unloads the idle
+    one, and asking back swaps again; each answer is exact."""
+    budget = f"{weights_gb(tiny_model) * 1.6:.6f}"
+    srv = launch(tiny_model, "--model-dir", str(model_dir), "--memory-budget-gb", budget)
+    assert reply(ask(srv, "tiny-copy")) == CAPITAL.reply
+    assert states(srv)["tiny-copy"] == "loaded" and states(srv)[str(tiny_model)] == "not-loaded"
+    assert reply(ask(srv)) == CAPITAL.reply
+    assert states(srv)["tiny-copy"] == "not-loaded"
+    assert len(events(srv, "Unloaded")) == 2
+
+
+def test_a_model_that_cannot_fit_is_a_503_naming_the_resident_ones(launch, tiny_model, model_dir):
+    """The only other model is pinned (or busy): the load is refused, nothing aborts."""
+    budget = f"{weights_gb(tiny_model) * 1.6:.6f}"
+    srv = launch(tiny_model, "--model-dir", str(model_dir), "--memory-budget-gb", budget, "--pin")
+    status, headers, body = ask(srv, "tiny-copy")
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert body["error"]["code"] == "insufficient_memory"
+    assert f"{tiny_model} (" in body["error"]["message"] and "pinned" in body["error"]["message"]
+    assert reply(ask(srv)) == CAPITAL.reply
+
+    unpinned = launch(tiny_model, "--model-dir", str(model_dir), "--memory-budget-gb", budget)
+    conn, response = open_stream(
+        unpinned.url, CHAT, {**endless(tiny_model, max_tokens=600), "stream": True}
+    )
+    assert response.status == 200
+    response.readline()  # the served model is busy: it cannot be unloaded
+    status, _, body = ask(unpinned, "tiny-copy")
+    conn.close()
+    assert status == 503 and "busy" in body["error"]["message"], "\n".join(unpinned.log[-12:])
+
+
+def test_idle_models_are_unloaded_and_reloaded(launch, tiny_model, model_dir):
+    srv = launch(tiny_model, "--model-dir", str(model_dir), "--idle-unload-seconds", "1", "--pin")
+    assert reply(ask(srv, "tiny-copy")) == CAPITAL.reply
+    deadline = time.monotonic() + 15
+    while states(srv)["tiny-copy"] == "loaded" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert states(srv) == {str(tiny_model): "loaded", "tiny-copy": "not-loaded"}  # pinned
+    assert any("idle for 1s" in line for line in srv.log)
+    assert reply(ask(srv, "tiny-copy")) == CAPITAL.reply
+    assert len(events(srv, "Loading model from")) == 3
+
+
+def test_load_and_unload_endpoints(launch, tiny_model, model_dir):
+    srv = launch(tiny_model, "--model-dir", str(model_dir), "--api-key", "sekret")
+    key = {"Authorization": "Bearer sekret"}
+    status, _, _ = srv.post("/v1/models/load", {"model": "tiny-copy"})
+    assert status == 401
+    status, _, body = srv.post("/v1/models/load", {"model": "tiny-copy"}, key)
+    assert status == 200 and body == {"id": "tiny-copy", "object": "model", "state": "loaded"}
+    status, _, body = srv.post("/v1/models/unload", {"model": "tiny-copy"}, key)
+    assert status == 200 and body["state"] == "not-loaded"
+    status, _, body = srv.post("/v1/models/load", {"model": "nope"}, key)
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    status, _, body = srv.post("/v1/models/unload", {}, key)
+    assert status == 400 and body["error"]["param"] == "model"
+    done = threading.Event()
+
+    def stream() -> None:
+        conn, response = open_stream(
+            srv.url, CHAT, {**endless(tiny_model, max_tokens=2000), "stream": True}, key
+        )
+        response.readline()
+        done.wait(30)
+        conn.close()
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
+    time.sleep(1)
+    status, _, body = srv.post("/v1/models/unload", {"model": "default"}, key)
+    done.set()
+    streaming.join()
+    assert status == 409 and body["error"]["code"] == "model_busy"
