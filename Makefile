@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench bench-structured bench-soak bench-kv clean
+.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models clean
 
 install: $(VENV)/.installed
 
@@ -54,6 +54,9 @@ bench-soak: install
 
 bench-kv: install
 	$(WITH_BLAS) $(PY) bench/kv_quantization.py $(ARGS)
+
+bench-two-models: install
+	$(WITH_BLAS) $(PY) bench/two_models.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -96,10 +96,12 @@ class Target:
         logit_bias: dict,
         reply: Reply | None = None,
         stop: threading.Event | None = None,
+        model: str | None = None,
     ) -> Reply:
         """Stream one reply into `reply` (read by other threads meanwhile); hang up early
-        once `stop` is set."""
+        once `stop` is set. `model`: which of the server's models (None: its default)."""
         body = {
+            **({"model": model} if model else {}),
             "messages": messages,
             "max_tokens": max_tokens,
             "temperature": 0.0,

@@ -41,6 +41,7 @@ def test_models(server, tiny_model):
         "created": 0,
         "owned_by": "mlxserve",
         "input_modalities": ["text"],
+        "state": "loaded",
     }
     status, _, one = server.get(f"/v1/models/{tiny_model}")
     assert status == 200 and one == served
