@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import conversations
+import embedding_fixture
 import fixture_models
 import pytest
 import vision_fixture
@@ -174,6 +175,24 @@ def harmony_model() -> Path:
 def vision_model() -> Path:
     """The Qwen2-VL-architecture model that names the colour of a square."""
     return vision_fixture.build(cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def embed_decoder_model(tiny_model) -> Path:
+    """A Qwen3-Embedding-layout model (last-token pooling) with tiny-chat's tokenizer."""
+    spec = embedding_fixture.TINY_EMBED_DECODER
+    make = embedding_fixture.make_decoder(tiny_model)
+    folder = cache_root() / "fixtures"
+    sources = (Path(embedding_fixture.__file__), tiny_model / "tokenizer.json")
+    return fixture_models.build(spec, folder, make, sources)
+
+
+@pytest.fixture(scope="session")
+def embed_bert_model() -> Path:
+    """A BERT encoder embedding model (mean pooling) with a WordPiece tokenizer."""
+    spec, make = embedding_fixture.TINY_EMBED_BERT, embedding_fixture.make_bert
+    folder = cache_root() / "fixtures"
+    return fixture_models.build(spec, folder, make, (Path(embedding_fixture.__file__),))
 
 
 @pytest.fixture(scope="session")

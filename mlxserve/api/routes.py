@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from mlxserve.api.anthropic.endpoints import AnthropicEndpoints
 from mlxserve.api.anthropic.errors import error_reply as anthropic_error
 from mlxserve.api.errors import ErrorRenderer
+from mlxserve.api.openai.embeddings import EmbeddingEndpoints
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
 from mlxserve.api.openai.tokenize import TokenizeEndpoints
@@ -22,6 +23,7 @@ COUNT_TOKENS_PATHS = ("/v1/messages/count_tokens", "/messages/count_tokens")
 ANTHROPIC_PATHS = MESSAGES_PATHS + COUNT_TOKENS_PATHS
 RESPONSES_PATHS = ("/v1/responses", "/responses")
 RESPONSE_PREFIXES = ("/v1/responses/", "/responses/")  # + {id}, or {id}/input_items
+EMBEDDINGS_PATHS = ("/v1/embeddings", "/embeddings")
 TOKENIZE_PATHS = ("/tokenize", "/v1/tokenize")
 DETOKENIZE_PATHS = ("/detokenize", "/v1/detokenize")
 HEALTH_PATHS = ("/health", "/v1/health")
@@ -43,6 +45,7 @@ class Routes:
     anthropic: AnthropicEndpoints = field(init=False)
     responses: ResponsesEndpoints = field(init=False)
     tokenizer: TokenizeEndpoints = field(init=False)
+    embeddings: EmbeddingEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
 
     def __post_init__(self):
@@ -50,12 +53,14 @@ class Routes:
         self.anthropic = AnthropicEndpoints(self.service)
         self.responses = ResponsesEndpoints(self.service)
         self.tokenizer = TokenizeEndpoints(self.service)
+        self.embeddings = EmbeddingEndpoints(self.service)
         self.post = {
             **dict.fromkeys(CHAT_PATHS, self.openai.chat),
             **dict.fromkeys(COMPLETION_PATHS, self.openai.completion),
             **dict.fromkeys(MESSAGES_PATHS, self.anthropic.messages),
             **dict.fromkeys(COUNT_TOKENS_PATHS, self.anthropic.count_tokens),
             **dict.fromkeys(RESPONSES_PATHS, self.responses.create),
+            **dict.fromkeys(EMBEDDINGS_PATHS, self.embeddings.embeddings),
             **dict.fromkeys(LOAD_PATHS, self.openai.load_model),
             **dict.fromkeys(UNLOAD_PATHS, self.openai.unload_model),
             **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),

@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import GB
@@ -44,6 +46,7 @@ SHUTTING_DOWN = "The server is shutting down."
 GATHER_GAP_SECONDS = 0.004
 GATHER_MAX_SECONDS = 0.03
 IDLE_CHECK_SECONDS = 1.0  # how often an idle thread looks for models to unload
+EMBED_BATCH = 32  # inputs embedded in one forward pass
 
 Session = BatchSession | StreamSession
 
@@ -242,8 +245,22 @@ class GenerationWorker:
     def load(self, spec: ModelSpec) -> LoadedModel:
         """Make `spec` resident and ready to serve (generation thread only: through
         `call`)."""
-        self._session(spec)
-        return self._provider.activate(spec)
+        if not spec.embedding:
+            self._session(spec)
+        return self._resident(spec)
+
+    def embed(self, spec: ModelSpec, inputs: list[list[int]]) -> np.ndarray:
+        """The embeddings of `inputs`, float32 (generation thread only: through `call`;
+        it runs between two steps of the other models' batches)."""
+        model = self._resident(spec).model
+        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))  # less padding
+        vectors: list[np.ndarray] = [None] * len(inputs)
+        for start in range(0, len(order), EMBED_BATCH):
+            batch = order[start : start + EMBED_BATCH]
+            computed = np.array(model.embed([inputs[i] for i in batch]))
+            for row, i in enumerate(batch):
+                vectors[i] = computed[row]
+        return np.stack(vectors)
 
     def unload(self, spec: ModelSpec) -> None:
         """Unload a model now (generation thread only); a 409 while it has requests."""
@@ -256,13 +273,18 @@ class GenerationWorker:
             )
         self._unload(spec)
 
+    def _resident(self, spec: ModelSpec) -> LoadedModel:
+        """The model in memory, loaded first (making room for it) if need be."""
+        if not any(m.spec == spec for m in self._provider.resident):
+            self._make_room(spec)
+        return self._provider.activate(spec)
+
     def _session(self, spec: ModelSpec) -> Session:
         """The model's session, loading the model first if it is not resident."""
         session = self._sessions.get(spec)
         if session is not None:
             return session
-        self._make_room(spec)
-        loaded = self._provider.activate(spec)
+        loaded = self._resident(spec)
         try:
             session = self._open(loaded)
         except ServiceError:

@@ -49,6 +49,22 @@ def trained_context(path: Path) -> int | None:
     return None
 
 
+def sentence_transformers_modules(path: Path) -> list[dict]:
+    """The modules a sentence-transformers folder lists (modules.json); [] for others."""
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [m for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+
+
+@lru_cache(maxsize=64)
+def is_embedding_model(path: Path) -> bool:
+    """An embedding model: a sentence-transformers folder whose modules include Pooling."""
+    modules = sentence_transformers_modules(path)
+    return any(str(m.get("type", "")).endswith("Pooling") for m in modules)
+
+
 def is_text_model(path: Path) -> bool:
     model_type = str(read_config(path).get("model_type", "")).lower()
     return bool(model_type) and _has_module("mlx_lm.models", model_type)

@@ -19,8 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from mlxserve.config import ServerConfig
-from mlxserve.models.capabilities import is_text_model, is_vision_model, trained_context
+from mlxserve.models.capabilities import (
+    is_embedding_model,
+    is_text_model,
+    is_vision_model,
+    trained_context,
+)
 from mlxserve.models.demo import ensure_demo_model, is_demo_name
+from mlxserve.models.embedding import load_embedding_model
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found
@@ -48,11 +54,20 @@ class ModelSpec:
         """Takes images: served by mlx-vlm instead of mlx-lm."""
         return is_vision_model(self.path)
 
+    @property
+    def embedding(self) -> bool:
+        """Computes embeddings, and only that (a sentence-transformers folder)."""
+        return is_embedding_model(self.path)
+
+    @property
+    def kind(self) -> str:
+        return "embedding" if self.embedding else "vision" if self.vision else "text"
+
 
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    model: Any  # an mlx-lm model, or an mlx-vlm one when spec.vision
+    model: Any  # an mlx-lm model; an mlx-vlm one when spec.vision; an EmbeddingModel
     tokenizer: Any
     draft_model: Any | None
     nbytes: int = 0  # the weights' memory, the draft model's included
@@ -269,7 +284,7 @@ class ModelProvider:
             return self._resident[spec]
         import mlx.core as mx
 
-        log.info("Loading model from %s (%s)", spec.path, "vision" if spec.vision else "text")
+        log.info("Loading model from %s (%s)", spec.path, spec.kind)
         start = time.perf_counter()
         try:
             model, draft = self._load_weights(spec)
@@ -297,6 +312,9 @@ class ModelProvider:
         from mlx_lm.utils import load_adapters, load_model
 
         trust = self.config.trust_remote_code
+        if spec.embedding:
+            pad_id = self.tokenizer(spec).pad_token_id or 0
+            return load_embedding_model(spec.path, pad_id, trust), None
         if spec.vision:
             return load_vision_model(spec.path, spec.adapter_path), None
         model, _ = load_model(spec.path, trust_remote_code=trust)
@@ -357,4 +375,4 @@ def _cached_hub_models() -> list[tuple[str, Path]]:
 
 
 def _loadable(path: Path) -> bool:
-    return is_text_model(path) or is_vision_model(path)
+    return is_text_model(path) or is_vision_model(path) or is_embedding_model(path)

@@ -143,3 +143,12 @@ class ChatRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     prompts: tuple[str | tuple[int, ...], ...] = ()  # text, or token ids
     prompt_param: str = "prompt"
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    model: str | None = None
+    inputs: tuple[str | tuple[int, ...], ...] = ()  # texts, or token ids
+    inputs_param: str = "input"
+    dimensions: int | None = None  # keep this many leading dimensions, renormalised
+    keep_last_tokens: int | None = None  # an input longer keeps its last ones; -1: the limit

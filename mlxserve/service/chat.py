@@ -26,7 +26,13 @@ from mlxserve.postprocess.output import (
 )
 from mlxserve.postprocess.reasoning import starts_in_reasoning
 from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, unavailable
-from mlxserve.protocol.request import ChatRequest, CompletionRequest, GenerationRequest
+from mlxserve.protocol.request import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    GenerationRequest,
+)
+from mlxserve.service.embeddings import Embeddings, shortened, tokenized
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
@@ -57,7 +63,7 @@ class ChatService:
     def prepare_chat(self, request: ChatRequest, reasoning_format: str | None = None) -> Prepared:
         """`reasoning_format` overrides --reasoning-format (a dialect with reasoning
         blocks of its own always wants them separate)."""
-        spec, tokenizer = self.model(request.model)
+        spec, tokenizer = self.generator(request.model)
         tools = request.tool_definitions
         injected = injects_tools(tokenizer, self.config.chat_template, tools)
         prompt, images = self._render(spec, tokenizer, request, injected)
@@ -117,7 +123,7 @@ class ChatService:
         return self.provider.context_length(spec)
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
-        spec, tokenizer = self.model(request.model)
+        spec, tokenizer = self.generator(request.model)
         prompts = encode_prompts(tokenizer, request)
         longest = max(len(p) for p in prompts)
         sequences = request.n * len(prompts)
@@ -183,6 +189,33 @@ class ChatService:
             param = request.max_tokens_param
             raise ContextLengthExceeded(prompt_tokens, request.max_tokens, limit, param)
         return request.max_tokens
+
+    def embed(self, request: EmbeddingRequest) -> tuple[ModelSpec, Embeddings]:
+        spec, tokenizer = self.model(request.model)
+        if not spec.embedding:
+            raise bad_request(
+                f"The model '{self.provider.name(spec)}' generates text; it does not compute "
+                "embeddings.",
+                param="model",
+                code="model_not_embedding",
+            )
+        inputs = tokenized(request, tokenizer, self.provider.context_length(spec))
+        vectors = self.worker.call(lambda: self.worker.embed(spec, inputs))
+        if (record := current_request()) is not None:
+            record.add_usage(sum(map(len, inputs)), 0, 0)
+        return spec, Embeddings(shortened(vectors, request.dimensions), sum(map(len, inputs)))
+
+    def generator(self, requested: str | None):
+        """The spec and tokenizer of a model that generates (a 400 for an embedding
+        model)."""
+        spec, tokenizer = self.model(requested)
+        if spec.embedding:
+            raise bad_request(
+                f"The model '{requested}' computes embeddings only; send it to /v1/embeddings.",
+                param="model",
+                code="model_not_generative",
+            )
+        return spec, tokenizer
 
     def model(self, requested: str | None):
         """The spec and tokenizer of the model a request names (404 if not servable)."""

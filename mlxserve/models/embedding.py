@@ -1,0 +1,115 @@
+"""Embedding models: sentence-transformers folders whose pooling (last token, mean or CLS,
+then optionally L2-normalised) turns a network's hidden states into one vector per input.
+
+Decoder networks (the Qwen3-Embedding layout: the transformer without its LM head) load
+with mlx-lm, so every decoder architecture it knows works; encoder networks (BERT,
+XLM-RoBERTa, ModernBERT...) with mlx-embeddings, which implements them. Generation thread
+only: these run MLX."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import mlx.core as mx
+
+from mlxserve.models.capabilities import is_text_model, sentence_transformers_modules
+
+PoolingMode = Literal["lasttoken", "mean", "cls"]
+# sentence-transformers' pooling config flags -> the mode they name
+_MODES: dict[str, PoolingMode] = {
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+}
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: PoolingMode
+    normalize: bool
+
+
+def pooling_of(path: Path) -> Pooling:
+    """The pooling a sentence-transformers folder asks for."""
+    modules = sentence_transformers_modules(path)
+    pool = next(m for m in modules if str(m.get("type", "")).endswith("Pooling"))
+    config = json.loads((path / pool.get("path", "1_Pooling") / "config.json").read_text())
+    modes = [mode for flag, mode in _MODES.items() if config.get(flag)]
+    if len(modes) != 1:
+        raise ValueError(f"unsupported pooling {config}: one of last-token, mean or CLS")
+    normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+    return Pooling(modes[0], normalize)
+
+
+class EmbeddingModel:
+    """A loaded embedding model: token ids in, one vector per input out."""
+
+    def __init__(self, network: Any, pooling: Pooling, encoder: bool, pad_id: int):
+        self.network = network
+        self.pooling = pooling
+        self.encoder = encoder
+        self._pad_id = pad_id
+
+    def parameters(self) -> dict:
+        return self.network.parameters()
+
+    def embed(self, inputs: list[list[int]]) -> mx.array:
+        """The vectors of `inputs` (one batch, right-padded): float32, (len(inputs), d)."""
+        lengths = mx.array([len(ids) for ids in inputs])
+        width = max(len(ids) for ids in inputs)
+        ids = mx.array([ids + [self._pad_id] * (width - len(ids)) for ids in inputs])
+        mask = mx.arange(width)[None, :] < lengths[:, None]
+        if self.encoder:
+            hidden = self.network(ids, attention_mask=mask.astype(mx.int32)).last_hidden_state
+        else:  # causal: padding after an input changes none of its own positions
+            hidden = self.network.model(ids)
+        pooled = _pool(hidden.astype(mx.float32), mask, lengths, self.pooling.mode)
+        if self.pooling.normalize:
+            pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+        return pooled
+
+
+def _pool(hidden: mx.array, mask: mx.array, lengths: mx.array, mode: PoolingMode) -> mx.array:
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "lasttoken":
+        return hidden[mx.arange(hidden.shape[0]), lengths - 1]
+    weights = mask.astype(mx.float32)[..., None]
+    return (hidden * weights).sum(axis=1) / lengths[:, None].astype(mx.float32)
+
+
+def load_embedding_model(path: Path, pad_id: int, trust_remote_code: bool) -> EmbeddingModel:
+    pooling = pooling_of(path)
+    if is_text_model(path):
+        return EmbeddingModel(_decoder(path, trust_remote_code), pooling, False, pad_id)
+    from mlx_embeddings.utils import load_model
+
+    return EmbeddingModel(load_model(path), pooling, True, pad_id)
+
+
+def _decoder(path: Path, trust_remote_code: bool) -> Any:
+    """An mlx-lm model whose weights may lack the LM head and the "model." prefix (the
+    checkpoints of embedding models hold the bare transformer)."""
+    from mlx_lm.utils import _get_classes, load_model
+
+    def headless(config: dict):
+        model_class, args_class = _get_classes(config)
+
+        class Headless(model_class):
+            def sanitize(self, weights: dict) -> dict:
+                if not any(key.startswith("model.") for key in weights):
+                    weights = {f"model.{key}": value for key, value in weights.items()}
+                parent = super()
+                weights = parent.sanitize(weights) if hasattr(parent, "sanitize") else weights
+                if hasattr(self, "lm_head") and "lm_head.weight" not in weights:
+                    # An untied head the checkpoint does not have: never used here.
+                    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+                return weights
+
+        return Headless, args_class
+
+    model, _ = load_model(path, get_model_classes=headless, trust_remote_code=trust_remote_code)
+    return model

@@ -1,0 +1,57 @@
+"""Neutral embedding requests -> vectors: inputs tokenized and checked against the model's
+limit, embedded on the generation thread, cut to `dimensions`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlxserve.chat.templates import check_token_ids
+from mlxserve.protocol.errors import bad_request
+from mlxserve.protocol.request import EmbeddingRequest
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: np.ndarray  # float32, one row per input
+    prompt_tokens: int
+
+
+def tokenized(request: EmbeddingRequest, tokenizer, limit: int | None) -> list[list[int]]:
+    """Each input as token ids, within the model's limit (or cut to it when asked)."""
+    out = []
+    for i, given in enumerate(request.inputs):
+        param = f"{request.inputs_param}[{i}]" if len(request.inputs) > 1 else request.inputs_param
+        if isinstance(given, str):
+            ids = tokenizer.encode(given)
+        else:
+            ids = list(given)
+            check_token_ids(tokenizer, ids, param)
+        if not ids:
+            raise bad_request("An input must not be empty.", param)
+        keep = request.keep_last_tokens
+        if keep is not None:
+            ids = ids[-(limit if keep == -1 and limit else keep) :]
+        if limit is not None and len(ids) > limit:
+            raise bad_request(
+                f"This input is {len(ids)} tokens, more than the model's limit of {limit}; "
+                "shorten it, or set truncate_prompt_tokens to keep its last tokens.",
+                param,
+                code="context_length_exceeded",
+            )
+        out.append(ids)
+    return out
+
+
+def shortened(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first `dimensions` of each vector, renormalised (Matryoshka models are trained
+    for this); a `dimensions` beyond the model's is a 400."""
+    if dimensions is None:
+        return vectors
+    if dimensions > vectors.shape[1]:
+        raise bad_request(
+            f"dimensions must be at most {vectors.shape[1]} for this model.", "dimensions"
+        )
+    cut = vectors[:, :dimensions]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
