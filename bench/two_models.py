@@ -26,32 +26,42 @@ from harness import Reply, Target
 from bench import Workload
 
 
-def streams_at_once(target: Target, w: Workload, models_asked: list[str | None]) -> float:
-    """Aggregate decoded tokens per second of one request per entry, all at once."""
-    tokens, wall = run_at_once(target, w, models_asked)
-    return tokens / wall
-
-
-def run_at_once(target: Target, w: Workload, models_asked: list[str | None]) -> tuple[int, float]:
-    """(tokens decoded, seconds) for one request per entry, all sent at once."""
-    replies: list[Reply] = []
-    lock = threading.Lock()
+def run_at_once(target: Target, w: Workload, models_asked: list[str | None]) -> list[Reply]:
+    """One streamed request per entry, all sent at once."""
+    replies: list[Reply] = [Reply(0.0) for _ in models_asked]
     prompts = [w.user(20) for _ in models_asked]
 
-    def run(prompt, model) -> None:
-        reply = target.chat(prompt, w.tokens, w.logit_bias, model=model)
-        with lock:
-            replies.append(reply)
+    def run(i: int) -> None:
+        replies[i] = target.chat(prompts[i], w.tokens, w.logit_bias, model=models_asked[i])
 
-    start = time.perf_counter()
-    threads = [
-        threading.Thread(target=run, args=args) for args in zip(prompts, models_asked, strict=True)
-    ]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(models_asked))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(r.completion_tokens for r in replies), max(r.finished for r in replies) - start
+    return replies
+
+
+def together(target: Target, w: Workload, first: list, second: list) -> dict[str, float]:
+    """Both models' requests at once: aggregate tok/s, and the mean time to first token."""
+    start = time.perf_counter()
+    return summary(run_at_once(target, w, first + second), start)
+
+
+def sequential(target: Target, w: Workload, first: list, second: list) -> dict[str, float]:
+    """The same requests, model A's (at once), then B's (at once), as a server holding one
+    model at a time would serve them at best: B's wait for A's to finish."""
+    start = time.perf_counter()
+    return summary(run_at_once(target, w, first) + run_at_once(target, w, second), start)
+
+
+def summary(replies: list[Reply], start: float) -> dict[str, float]:
+    """Aggregate decoded tok/s, and the mean time from `start` to each first token."""
+    wall = max(r.finished for r in replies) - start
+    return {
+        "tok/s": sum(r.completion_tokens for r in replies) / wall,
+        "TTFT s": statistics.mean(r.stamps[0] - start for r in replies),
+    }
 
 
 def main() -> None:
@@ -72,33 +82,31 @@ def main() -> None:
     w = Workload(path, args.tokens, 2000)
     a, b = [str(path)] * args.streams, [str(twin)] * args.streams
     print(f"device {mx.default_device()}, {path.name} x2, {args.streams} streams a model")
-    rows: dict[str, list[float]] = {"sequential": [], "together": [], "mlx_lm.server": []}
+    rows: dict[str, list[dict]] = {
+        "mlxserve, together": [],
+        "mlxserve, A then B": [],
+        "mlx_lm.server, A then B": [],
+    }
+    alone = [None] * args.streams
     for _ in range(args.rounds):
         target = Target("mlxserve", path, "--model", str(twin))
         try:
-            streams_at_once(target, w, a + b)  # warm-up
-            rows["sequential"].append(sequential(target, w, a, b))
-            rows["together"].append(streams_at_once(target, w, a + b))
+            run_at_once(target, w, a + b)  # warm-up
+            rows["mlxserve, A then B"].append(sequential(target, w, a, b))
+            rows["mlxserve, together"].append(together(target, w, a, b))
         finally:
             target.stop()
         target = Target("mlx_lm.server", path)
         try:
-            streams_at_once(target, w, [None])  # warm-up
-            alone = [None] * args.streams
-            rows["mlx_lm.server"].append(sequential(target, w, alone, alone))
+            run_at_once(target, w, [None])  # warm-up
+            rows["mlx_lm.server, A then B"].append(sequential(target, w, alone, alone))
         finally:
             target.stop()
-    together = statistics.median(rows["together"])
-    print("\naggregate decode tok/s, median over rounds")
+    print(f"\n{'median over rounds':26}{'tok/s':>10}{'mean TTFT s':>14}")
     for name, values in rows.items():
-        median = statistics.median(values)
-        print(f"  {name:16}{median:10.1f}   together / this {together / median:6.2f}")
-
-
-def sequential(target: Target, w: Workload, first: list, second: list) -> float:
-    """The same requests, first model A's (at once), then B's (at once)."""
-    runs = [run_at_once(target, w, group) for group in (first, second)]
-    return sum(tokens for tokens, _ in runs) / sum(wall for _, wall in runs)
+        tps = statistics.median(v["tok/s"] for v in values)
+        ttft = statistics.median(v["TTFT s"] for v in values)
+        print(f"  {name:24}{tps:10.1f}{ttft:14.2f}")
 
 
 if __name__ == "__main__":

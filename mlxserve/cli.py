@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from mlxserve import __version__
-from mlxserve.config import SamplingDefaults, ServerConfig
+from mlxserve.config import ModelSettings, SamplingDefaults, ServerConfig
+from mlxserve.config_file import load_models
 from mlxserve.postprocess import reasoning, tools
 from mlxserve.telemetry.record import RequestIdFilter
 
@@ -45,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="hub repo id or local folder; 'demo' (default) serves SmolLM2-135M-Instruct. "
         "Repeatable: every one is loaded at start and kept resident; the first is the default",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="a TOML file of models to serve (after the --model ones) with their own "
+        "names, aliases, chat template, parsers, draft model, context limit and pinning",
     )
     p.add_argument(
         "--pin",
@@ -264,11 +271,18 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+def served_models(args: argparse.Namespace) -> tuple[ModelSettings, ...]:
+    """--model models first, then --config ones; the demo model when neither names one."""
+    from_file = load_models(args.config, chat_template) if args.config else ()
+    named = tuple(ModelSettings(model) for model in args.model or [])
+    return named + from_file or (ModelSettings("demo"),)
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if not isinstance(args.chat_template_args, dict):
         raise SystemExit("mlxserve: --chat-template-args must be a JSON object")
     return ServerConfig(
-        models=tuple(args.model or ["demo"]),
+        models=served_models(args),
         model_aliases=tuple(args.model_alias),
         host=args.host,
         port=args.port,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -18,8 +18,41 @@ class SamplingDefaults:
 
 
 @dataclass(frozen=True)
+class ModelSettings:
+    """A served model (a --model, or an entry of --config) and what it sets for itself;
+    None: the server-wide setting."""
+
+    model: str  # hub repo id or folder
+    name: str | None = None  # the name clients use; None: `model`
+    aliases: tuple[str, ...] = ()  # more names; one ending in "*" matches names it begins
+    chat_template: str | None = None
+    chat_template_args: dict | None = None
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    draft_model: str | None = None
+    max_context: int | None = None
+    pin: bool | None = None
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.model
+
+
+# What a model's settings may set for it instead of the server-wide value.
+PER_MODEL = (
+    "chat_template",
+    "chat_template_args",
+    "reasoning_parser",
+    "tool_parser",
+    "max_context",
+    "pin",
+)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    models: tuple[str, ...] = ("demo",)  # --model, in order: all resident, the first the default
+    # --model and --config models, in order: all resident, the first the default
+    models: tuple[ModelSettings, ...] = (ModelSettings("demo"),)
     # (client name, served model) pairs; a name ending in "*" matches any name it prefixes
     model_aliases: tuple[tuple[str, str], ...] = ()
     host: str = "127.0.0.1"
@@ -66,5 +99,12 @@ class ServerConfig:
 
     @property
     def model(self) -> str:
-        """The default model: the first --model."""
-        return self.models[0]
+        """The default model's name: the first served model's."""
+        return self.models[0].served_name
+
+    def for_model(self, settings: ModelSettings | None) -> ServerConfig:
+        """The configuration one model is served with: its own settings over these."""
+        if settings is None:
+            return self
+        own = {key: getattr(settings, key) for key in PER_MODEL}
+        return replace(self, **{key: value for key, value in own.items() if value is not None})

@@ -76,7 +76,7 @@ class MLXServer(ThreadingHTTPServer):
 
 def build_server(config: ServerConfig) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket."""
-    paths = [resolve_model_path(model) for model in config.models]
+    paths = [resolve_model_path(settings.model) for settings in config.models]
     provider = ModelProvider(config, paths)
     disk = None
     if config.prompt_cache_dir is not None:
@@ -126,7 +126,7 @@ def run(config: ServerConfig) -> None:
     server = build_server(config)
     # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    models = ", ".join(config.models)
+    models = ", ".join(settings.served_name for settings in config.models)
     print(f"mlxserve is ready: {server.url}  (models: {models})", flush=True)
     try:
         server.serve_forever()

@@ -177,14 +177,22 @@ def vision_model() -> Path:
     return vision_fixture.build(cache_root() / "fixtures")
 
 
-@pytest.fixture(scope="session")
-def embed_decoder_model(tiny_model) -> Path:
-    """A Qwen3-Embedding-layout model (last-token pooling) with tiny-chat's tokenizer."""
-    spec = embedding_fixture.TINY_EMBED_DECODER
+def _embed_decoder(spec, tiny_model) -> Path:
     make = embedding_fixture.make_decoder(tiny_model)
-    folder = cache_root() / "fixtures"
     sources = (Path(embedding_fixture.__file__), tiny_model / "tokenizer.json")
-    return fixture_models.build(spec, folder, make, sources)
+    return fixture_models.build(spec, cache_root() / "fixtures", make, sources)
+
+
+@pytest.fixture(scope="session")
+def embed_qwen3_model(tiny_model) -> Path:
+    """A Qwen3-Embedding-layout model (last-token pooling), served by mlx-embeddings."""
+    return _embed_decoder(embedding_fixture.TINY_EMBED_QWEN3, tiny_model)
+
+
+@pytest.fixture(scope="session")
+def embed_qwen2_model(tiny_model) -> Path:
+    """The same layout on qwen2 (gte-Qwen2), served through mlx-lm."""
+    return _embed_decoder(embedding_fixture.TINY_EMBED_QWEN2, tiny_model)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,14 @@
-"""POST /v1/embeddings on embedding models of both families (a Qwen3-Embedding-layout
-decoder through mlx-lm, a BERT encoder through mlx-embeddings): vectors equal a reference
-computed here from the same weights, through the `openai` SDK and raw HTTP."""
+"""POST /v1/embeddings on embedding models of each family: the Qwen3-Embedding layout
+(through mlx-embeddings), the same on qwen2 (gte-Qwen2, through mlx-lm) and a BERT encoder
+(through mlx-embeddings). Vectors equal a reference computed here from the same weights
+with mlx-lm's decoder or mlx-embeddings' encoder, through the `openai` SDK and raw HTTP."""
 
 from __future__ import annotations
 
 import base64
+import importlib
 import json
+import shutil
 
 import mlx.core as mx
 import numpy as np
@@ -30,12 +33,11 @@ def normalized(vectors: np.ndarray) -> np.ndarray:
 
 
 def decoder_reference(path, ids: list[int]) -> np.ndarray:
-    """Qwen3 from mlx-lm with the checkpoint's bare transformer weights: the last
-    token's hidden state, normalised."""
-    from mlx_lm.models import qwen3
-
+    """mlx-lm's decoder with the checkpoint's bare transformer weights: the last token's
+    hidden state, normalised."""
     config = json.loads((path / "config.json").read_text())
-    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    architecture = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = architecture.Model(architecture.ModelArgs.from_dict(config))
     weights = mx.load(str(path / "model.safetensors"))
     model.model.load_weights(list(weights.items()))
     hidden = model.model(mx.array([ids]))
@@ -50,7 +52,7 @@ def bert_reference(path, ids: list[int]) -> np.ndarray:
     return normalized(np.array(hidden[0].astype(mx.float32)).mean(axis=0))
 
 
-FAMILIES = {"decoder": decoder_reference, "bert": bert_reference}
+FAMILIES = {"qwen3": decoder_reference, "qwen2": decoder_reference, "bert": bert_reference}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -152,3 +154,17 @@ def test_a_chat_model_and_an_embedding_model_together(launch, tiny_model, embed_
     assert states == {str(tiny_model): "loaded", str(embed_bert_model): "loaded"}
     assert len([line for line in srv.log if "Loading model from" in line]) == 2
     assert any("(embedding)" in line for line in srv.log)
+
+
+def test_a_pipeline_with_other_modules_is_refused(launch, tiny_model, embed_bert_model, tmp_path):
+    """A Dense projection after pooling (EmbeddingGemma's pipeline) is not applied: the
+    model is refused rather than given vectors without it."""
+    folder = tmp_path / "models" / "with-dense"
+    shutil.copytree(embed_bert_model, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "models.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    srv = launch(tiny_model, "--model-dir", str(folder.parent))
+    status, _, reply = srv.post(EMBEDDINGS, {"model": "with-dense", "input": "Hi"})
+    assert status == 400 and reply["error"]["code"] == "model_load_failed"
+    assert "Dense module" in reply["error"]["message"]

@@ -13,7 +13,7 @@ from conftest import Server
 from conversations import BY_NAME
 from test_http import endless
 
-from mlxserve.config import ServerConfig
+from mlxserve.config import ModelSettings, ServerConfig
 from mlxserve.engine import batch
 from mlxserve.server import build_server
 
@@ -24,7 +24,7 @@ CHAT = "/v1/chat/completions"
 def in_process(model, monkeypatch) -> Iterator[Server]:
     """A server in this process (so a test can patch the engine), stopped afterwards."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server = build_server(ServerConfig(models=(str(model),), port=0))
+    server = build_server(ServerConfig(models=(ModelSettings(str(model)),), port=0))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield Server(process=None, url=server.url.removesuffix("/v1"))

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from conftest import start_server
 from conversations import BY_NAME, COLOUR_QUESTION, data_uri, square_png
 from sse import open_stream
 from test_http import endless
@@ -159,3 +160,52 @@ def test_load_and_unload_endpoints(launch, tiny_model, model_dir):
     done.set()
     streaming.join()
     assert status == 409 and body["error"]["code"] == "model_busy"
+
+
+def test_a_config_file_names_models_and_their_settings(
+    launch, tiny_model, metaspace_model, tmp_path
+):
+    """A --config model with its own name, aliases, template arguments, context limit and
+    pinning, served beside the --model one."""
+    config = tmp_path / "models.toml"
+    config.write_text(
+        f"""
+[[models]]
+model = "{metaspace_model}"
+name = "other"
+aliases = ["gpt-*"]
+chat_template_args = {{ enable_thinking = false }}
+max_context = 60
+pin = true
+"""
+    )
+    srv = launch(tiny_model, "--config", str(config), "--idle-unload-seconds", "1")
+    think = BY_NAME["think"]
+
+    def prompt_tokens(model: str, **extra) -> int:
+        status, _, body = ask(srv, model, think, max_tokens=1, **extra)
+        assert status == 200, body
+        return body["usage"]["prompt_tokens"]
+
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    on = {"chat_template_kwargs": {"enable_thinking": True}}
+    assert prompt_tokens("other") == prompt_tokens("other", **off) != prompt_tokens("other", **on)
+    assert prompt_tokens(str(tiny_model)) == prompt_tokens(str(tiny_model), **on)
+    status, _, body = ask(srv, "gpt-4o")
+    assert status == 200 and body["model"] == "gpt-4o"
+    assert any("model=other" in line for line in events(srv, '"POST /v1/chat'))
+    status, _, body = ask(srv, "other", max_tokens=100)
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    assert "60" in body["error"]["message"]
+    deadline = time.monotonic() + 15
+    while states(srv)[str(tiny_model)] == "loaded" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert states(srv) == {str(tiny_model): "not-loaded", "other": "loaded"}  # pinned
+
+
+def test_a_config_file_mistake_stops_the_server(tiny_model, tmp_path):
+    config = tmp_path / "models.toml"
+    config.write_text('[[models]]\nmodel = "x"\ncontext = 5\n')
+    with pytest.raises(RuntimeError) as error:
+        start_server(tiny_model, "--config", str(config))
+    assert "models[0]: unknown setting context" in str(error.value)

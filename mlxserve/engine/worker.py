@@ -232,9 +232,11 @@ class GenerationWorker:
         if not session.fits(jobs, self._kv_room(session)):
             return False
         self._starting = jobs
-        for job in jobs:
-            session.admit(job)
-        self._starting = []
+        try:
+            for job in jobs:
+                session.admit(job)
+        finally:
+            self._starting = []
         return True
 
     @staticmethod

@@ -26,8 +26,8 @@ def is_vision_model(path: Path) -> bool:
     model_type = str(config.get("model_type", "")).lower()
     return (
         bool(model_type)
-        and not _has_module("mlx_lm.models", model_type)
-        and _has_module("mlx_vlm.models", model_type)
+        and not has_module("mlx_lm.models", model_type)
+        and has_module("mlx_vlm.models", model_type)
     )
 
 
@@ -67,10 +67,10 @@ def is_embedding_model(path: Path) -> bool:
 
 def is_text_model(path: Path) -> bool:
     model_type = str(read_config(path).get("model_type", "")).lower()
-    return bool(model_type) and _has_module("mlx_lm.models", model_type)
+    return bool(model_type) and has_module("mlx_lm.models", model_type)
 
 
-def _has_module(package: str, name: str) -> bool:
+def has_module(package: str, name: str) -> bool:
     try:
         return importlib.util.find_spec(f"{package}.{name}") is not None
     except (ImportError, ValueError):

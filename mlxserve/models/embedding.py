@@ -1,10 +1,12 @@
 """Embedding models: sentence-transformers folders whose pooling (last token, mean or CLS,
 then optionally L2-normalised) turns a network's hidden states into one vector per input.
 
-Decoder networks (the Qwen3-Embedding layout: the transformer without its LM head) load
-with mlx-lm, so every decoder architecture it knows works; encoder networks (BERT,
-XLM-RoBERTa, ModernBERT...) with mlx-embeddings, which implements them. Generation thread
-only: these run MLX."""
+The network loads with mlx-embeddings when it implements the architecture (BERT,
+XLM-RoBERTa, ModernBERT, and the decoders it adapts for embeddings: Qwen3, bidirectional
+Gemma 3 and Llama), else with mlx-lm as a decoder without its LM head (gte-Qwen2 and any
+other architecture mlx-lm knows). Only the Transformer -> Pooling -> Normalize pipeline
+is applied: a folder with other modules (Dense projections) is refused rather than given
+wrong vectors. Generation thread only: these run MLX."""
 
 from __future__ import annotations
 
@@ -15,7 +17,12 @@ from typing import Any, Literal
 
 import mlx.core as mx
 
-from mlxserve.models.capabilities import is_text_model, sentence_transformers_modules
+from mlxserve.models.capabilities import (
+    has_module,
+    is_text_model,
+    read_config,
+    sentence_transformers_modules,
+)
 
 PoolingMode = Literal["lasttoken", "mean", "cls"]
 # sentence-transformers' pooling config flags -> the mode they name
@@ -32,9 +39,19 @@ class Pooling:
     normalize: bool
 
 
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
 def pooling_of(path: Path) -> Pooling:
     """The pooling a sentence-transformers folder asks for."""
     modules = sentence_transformers_modules(path)
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in SUPPORTED_MODULES:
+            raise ValueError(
+                f"its pipeline has a {kind} module; only {', '.join(SUPPORTED_MODULES)} "
+                "are applied here"
+            )
     pool = next(m for m in modules if str(m.get("type", "")).endswith("Pooling"))
     config = json.loads((path / pool.get("path", "1_Pooling") / "config.json").read_text())
     modes = [mode for flag, mode in _MODES.items() if config.get(flag)]
@@ -48,6 +65,8 @@ class EmbeddingModel:
     """A loaded embedding model: token ids in, one vector per input out."""
 
     def __init__(self, network: Any, pooling: Pooling, encoder: bool, pad_id: int):
+        """`encoder`: an mlx-embeddings network (it takes an attention mask); else an
+        mlx-lm decoder (causal: right padding changes none of an input's positions)."""
         self.network = network
         self.pooling = pooling
         self.encoder = encoder
@@ -64,7 +83,7 @@ class EmbeddingModel:
         mask = mx.arange(width)[None, :] < lengths[:, None]
         if self.encoder:
             hidden = self.network(ids, attention_mask=mask.astype(mx.int32)).last_hidden_state
-        else:  # causal: padding after an input changes none of its own positions
+        else:
             hidden = self.network.model(ids)
         pooled = _pool(hidden.astype(mx.float32), mask, lengths, self.pooling.mode)
         if self.pooling.normalize:
@@ -83,11 +102,14 @@ def _pool(hidden: mx.array, mask: mx.array, lengths: mx.array, mode: PoolingMode
 
 def load_embedding_model(path: Path, pad_id: int, trust_remote_code: bool) -> EmbeddingModel:
     pooling = pooling_of(path)
+    model_type = str(read_config(path).get("model_type", "")).lower().replace("-", "_")
+    if has_module("mlx_embeddings.models", model_type):
+        from mlx_embeddings.utils import load_model
+
+        return EmbeddingModel(load_model(path), pooling, True, pad_id)
     if is_text_model(path):
         return EmbeddingModel(_decoder(path, trust_remote_code), pooling, False, pad_id)
-    from mlx_embeddings.utils import load_model
-
-    return EmbeddingModel(load_model(path), pooling, True, pad_id)
+    raise ValueError(f"neither mlx-embeddings nor mlx-lm implements '{model_type}'")
 
 
 def _decoder(path: Path, trust_remote_code: bool) -> Any:

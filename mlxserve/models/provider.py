@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxserve.config import ServerConfig
+from mlxserve.config import ModelSettings, ServerConfig
 from mlxserve.models.capabilities import (
     is_embedding_model,
     is_text_model,
@@ -107,14 +107,19 @@ def resolve_model_path(name: str) -> Path:
 
 class ModelProvider:
     def __init__(self, config: ServerConfig, paths: list[Path]):
-        """`paths`: the folders of the --model models, in order (the first is the
-        default, and the one --adapter-path and --draft-model apply to)."""
+        """`paths`: the folders of the served models (config.models), in order; the first
+        is the default, and the one --adapter-path and --draft-model apply to."""
         self.config = config
         self.alias = config.model
-        draft = resolve_model_path(config.draft_model) if config.draft_model else None
-        self.default = ModelSpec(paths[0], config.adapter_path, draft)
-        specs = [self.default, *(ModelSpec(path) for path in paths[1:])]
-        self.served: dict[str, ModelSpec] = dict(zip(config.models, specs, strict=True))
+        self.served: dict[str, ModelSpec] = {}
+        self._settings: dict[ModelSpec, ModelSettings] = {}
+        for i, (settings, path) in enumerate(zip(config.models, paths, strict=True)):
+            draft = settings.draft_model or (config.draft_model if i == 0 else None)
+            adapter = config.adapter_path if i == 0 else None
+            spec = ModelSpec(path, adapter, resolve_model_path(draft) if draft else None)
+            self.served[settings.served_name] = spec
+            self._settings[spec] = settings
+        self.default = next(iter(self.served.values()))
         self._model_dirs = [d.expanduser().resolve() for d in config.model_dirs]
         self._tokenizers: dict[Path, Any] = {}
         self._processors: dict[Path, Any] = {}
@@ -162,7 +167,10 @@ class ModelProvider:
 
     def unalias(self, requested: str | None) -> str | None:
         """The model an alias stands for: an exact name first, else the longest prefix."""
-        aliases = self.config.model_aliases
+        aliases = [
+            *self.config.model_aliases,
+            *((alias, s.served_name) for s in self.config.models for alias in s.aliases),
+        ]
         for name, model in aliases:
             if name == requested:
                 return model
@@ -186,11 +194,15 @@ class ModelProvider:
                 return resolved
         return None
 
+    def config_for(self, spec: ModelSpec) -> ServerConfig:
+        """The configuration `spec` is served with: its own settings over the server's."""
+        return self.config.for_model(self._settings.get(spec))
+
     def context_length(self, spec: ModelSpec) -> int | None:
         """Most tokens one sequence may hold, prompt and output: the model's own context
         length, lowered by --max-context; None when neither is known."""
-        limits = [n for n in (trained_context(spec.path), self.config.max_context) if n]
-        return min(limits, default=None)
+        limit = self.config_for(spec).max_context
+        return min([n for n in (trained_context(spec.path), limit) if n], default=None)
 
     def tokenizer(self, spec: ModelSpec):
         """The tokenizer for `spec`, loaded once and kept for the few most recent models."""
@@ -240,7 +252,7 @@ class ModelProvider:
         ]
 
     def pinned(self, spec: ModelSpec) -> bool:
-        return self.config.pin and spec in self.served.values()
+        return bool(self.config_for(spec).pin) and spec in self.served.values()
 
     # Residency (read anywhere, changed on the generation thread) -----------------------
 

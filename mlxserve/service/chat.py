@@ -65,7 +65,8 @@ class ChatService:
         blocks of its own always wants them separate)."""
         spec, tokenizer = self.generator(request.model)
         tools = request.tool_definitions
-        injected = injects_tools(tokenizer, self.config.chat_template, tools)
+        config = self.provider.config_for(spec)
+        injected = injects_tools(tokenizer, config.chat_template, tools)
         prompt, images = self._render(spec, tokenizer, request, injected)
         if request.drop_oldest_to_fit:
             request, (prompt, images) = self._drop_oldest(
@@ -73,8 +74,8 @@ class ChatService:
             )
         markup = chat_markup(
             tokenizer,
-            reasoning_parser=self.config.reasoning_parser,
-            tool_parser=self.config.tool_parser,
+            reasoning_parser=config.reasoning_parser,
+            tool_parser=config.tool_parser,
             tools_in_request=tools,
             injected_tools=injected,
         )
@@ -102,7 +103,8 @@ class ChatService:
     def chat_prompt(self, request: ChatRequest) -> tuple[ModelSpec, list[int]]:
         """The request's prompt tokens, rendered exactly as for a reply."""
         spec, tokenizer = self.model(request.model)
-        injected = injects_tools(tokenizer, self.config.chat_template, request.tool_definitions)
+        template = self.provider.config_for(spec).chat_template
+        injected = injects_tools(tokenizer, template, request.tool_definitions)
         return spec, self._render(spec, tokenizer, request, injected)[0]
 
     def text_tokens(
@@ -256,7 +258,8 @@ class ChatService:
         return best
 
     def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):
-        template_args, template = self.config.chat_template_args, self.config.chat_template
+        config = self.provider.config_for(spec)
+        template_args, template = config.chat_template_args, config.chat_template
         if not spec.vision:
             return render_chat(tokenizer, request, template_args, template, injected), None
         vision = VisionChat(tokenizer, self.provider.processor(spec), spec.path, self._limits())

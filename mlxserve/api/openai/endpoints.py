@@ -26,7 +26,8 @@ class OpenAIEndpoints:
 
     def health(self) -> tuple[int, dict]:
         service = self.service
-        if not service.worker.alive or not service.provider.resident:
+        # Models may be unloaded when idle and load on demand: serving needs the thread.
+        if not service.worker.alive:
             return 503, {"status": "unavailable"}
         body = {"status": "ok", "model": service.provider.alias}
         cache = service.worker.prompt_cache
