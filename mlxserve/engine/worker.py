@@ -303,7 +303,8 @@ class GenerationWorker:
         if not can_batch(loaded):
             why = "a vision model" if loaded.spec.vision else "a draft model"
             log.info("Serving %s one request at a time (%s)", loaded.spec.path, why)
-            self._cache.keep_off_disk(loaded.spec.key)
+            if loaded.spec.vision:  # the disk format is mlx-lm's cache classes
+                self._cache.keep_off_disk(loaded.spec.key)
             return StreamSession(loaded, self._cache, self._limits.prefill_chunk)
         return BatchSession(loaded, self._cache, self._limits, self._trim_prompt_cache)
 
