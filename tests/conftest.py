@@ -15,6 +15,7 @@ from pathlib import Path
 import conversations
 import embedding_fixture
 import fixture_models
+import hybrid_fixture
 import pytest
 import vision_fixture
 
@@ -201,6 +202,25 @@ def embed_bert_model() -> Path:
     spec, make = embedding_fixture.TINY_EMBED_BERT, embedding_fixture.make_bert
     folder = cache_root() / "fixtures"
     return fixture_models.build(spec, folder, make, (Path(embedding_fixture.__file__),))
+
+
+def _random_weights(spec, tiny_model) -> Path:
+    sources = (Path(hybrid_fixture.__file__), tiny_model / "tokenizer.json")
+    return fixture_models.build(
+        spec, cache_root() / "fixtures", hybrid_fixture.make(tiny_model), sources
+    )
+
+
+@pytest.fixture(scope="session")
+def hybrid_model(tiny_model) -> Path:
+    """qwen3_next (gated delta-net + attention) with tiny-chat's tokenizer, random weights."""
+    return _random_weights(hybrid_fixture.TINY_HYBRID, tiny_model)
+
+
+@pytest.fixture(scope="session")
+def sliding_model(tiny_model) -> Path:
+    """gemma3_text with a 32-token sliding window, tiny-chat's tokenizer, random weights."""
+    return _random_weights(hybrid_fixture.TINY_SLIDING, tiny_model)
 
 
 @pytest.fixture(scope="session")

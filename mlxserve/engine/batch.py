@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.memory import measure_footprint
@@ -101,6 +101,9 @@ class BatchSession:
         )
         try:
             fresh = self._fresh()
+            # Caches that cannot always be trimmed back (a hybrid model's recurrent state,
+            # a sliding window once wrapped) are reusable only from an exact prefix.
+            self._checkpoints = any(type(c) is not KVCache for c in fresh)
             if self._quantization is not None:
                 fresh = self._quantization.quantized(fresh)
             self.footprint = measure_footprint(loaded.model, fresh)
@@ -224,6 +227,8 @@ class BatchSession:
             self._process_chunk(self._admitted[index], tokens)
         for admitted in [self._admitted[i] for i in plan.insert]:
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
+            if self._checkpoints or self._quantization is not None:
+                self._to_last_token(admitted)
             hit = admitted.hit
             for i, job in enumerate(jobs):
                 self._insert(
@@ -244,6 +249,22 @@ class BatchSession:
             elapsed = time.perf_counter() - admitted.arrived
             log.info("prompt processing %d/%d tokens (%.1fs)", done, total, elapsed)
 
+    def _to_last_token(self, admitted: _Admitted) -> None:
+        """Process the prompt but its last token (once for all the jobs sharing it: the
+        batch takes the last). A cache that cannot be trimmed back is stored here, at the
+        end of the prompt, which is where the conversation's next turn continues (the
+        reply it sends back may not be the tokens generated); a quantized batch gets the
+        prompt at full precision."""
+        hit = admitted.hit
+        if len(hit.rest) > 1:
+            self._loaded.model(mx.array(hit.rest[:-1])[None], cache=hit.cache)
+            hit.rest = hit.rest[-1:]
+        if self._checkpoints and hit.cached_tokens < len(admitted.processed()):
+            checkpoint = copy.deepcopy(hit.cache)
+            if self._quantization is not None:
+                checkpoint = self._quantization.quantized(checkpoint)
+            self._cache.store(self._key, admitted.processed(), checkpoint)
+
     def _drop_cancelled_admissions(self) -> None:
         """Forget waiting requests whose every job was cancelled; the prompt processed so
         far is kept in the prompt cache."""
@@ -260,11 +281,7 @@ class BatchSession:
         tokenizer = self._loaded.tokenizer
         params = job.params
         rest = hit.rest
-        if self._quantization is not None:
-            # The prompt's last chunk at full precision too; the batch quantizes from here.
-            if len(rest) > 1:
-                self._loaded.model(mx.array(rest[:-1])[None], cache=cache)
-                rest = rest[-1:]
+        if self._quantization is not None:  # the batch quantizes from here
             cache = self._quantization.quantized(cache)
         (uid,) = self._generator.insert(
             [rest],
