@@ -19,10 +19,13 @@ class BenchModel:
     heads: int
     kv_heads: int
     intermediate: int
+    model_type: str = "qwen3"
+    extra: tuple[tuple[str, object], ...] = ()  # more config fields for the architecture
 
     def config(self, vocab_size: int, eos_token_id: int) -> dict:
         return {
-            "model_type": "qwen3",
+            **dict(self.extra),
+            "model_type": self.model_type,
             "hidden_size": self.hidden,
             "num_hidden_layers": self.layers,
             "intermediate_size": self.intermediate,
@@ -38,17 +41,39 @@ class BenchModel:
         }
 
 
+# qwen3_next: gated delta-net layers (recurrent state) with full attention every 4th layer
+_HYBRID = (
+    ("linear_num_value_heads", 8),
+    ("linear_num_key_heads", 4),
+    ("linear_key_head_dim", 64),
+    ("linear_value_head_dim", 64),
+    ("linear_conv_kernel_dim", 4),
+    ("full_attention_interval", 4),
+    ("partial_rotary_factor", 0.25),
+    ("num_experts", 4),
+    ("num_experts_per_tok", 2),
+    ("decoder_sparse_step", 1),
+    ("shared_expert_intermediate_size", 704),
+    ("moe_intermediate_size", 352),
+    ("norm_topk_prob", True),
+    ("mlp_only_layers", []),
+    ("attention_bias", False),
+)
 MODELS = {
     "7m": BenchModel("qwen3-7m", hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384),
     "50m": BenchModel("qwen3-50m", hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1408),
+    "hybrid-50m": BenchModel(
+        "qwen3-next-50m", 512, 8, 8, 4, 1408, model_type="qwen3_next", extra=_HYBRID
+    ),
 }
 
 
 def build(spec: BenchModel, dtype: str) -> Path:
     """The model folder (built on first use under the mlxserve cache)."""
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen3
 
     from mlxserve.models.demo import cache_root, ensure_demo_model
 
@@ -65,7 +90,8 @@ def build(spec: BenchModel, dtype: str) -> Path:
     config = spec.config(source_config["vocab_size"], source_config["eos_token_id"])
     (partial / "config.json").write_text(json.dumps(config, indent=2))
     mx.random.seed(0)
-    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    architecture = importlib.import_module(f"mlx_lm.models.{spec.model_type}")
+    model = architecture.Model(architecture.ModelArgs.from_dict(config))
     model.set_dtype(getattr(mx, dtype))
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(partial / "model.safetensors"), weights)
