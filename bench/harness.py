@@ -135,14 +135,21 @@ class Target:
         conn.close()
         return reply
 
-    def chat_together(self, requests: list[tuple[list[dict], int]], logit_bias: dict) -> list:
-        """Send all requests at once, each on its own connection."""
+    def chat_together(
+        self,
+        requests: list[tuple[list[dict], int]],
+        logit_bias: dict,
+        models: list[str | None] | None = None,
+    ) -> list:
+        """Send all requests at once, each on its own connection (request i to
+        `models[i]`, when given)."""
         replies: list[Reply | None] = [None] * len(requests)
         start = threading.Barrier(len(requests))
 
         def run(i: int) -> None:
             start.wait()
-            replies[i] = self.chat(*requests[i], logit_bias)
+            model = models[i] if models else None
+            replies[i] = self.chat(*requests[i], logit_bias, model=model)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
         for t in threads:

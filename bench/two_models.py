@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import threading
 import time
 
 import models
@@ -28,18 +27,8 @@ from bench import Workload
 
 def run_at_once(target: Target, w: Workload, models_asked: list[str | None]) -> list[Reply]:
     """One streamed request per entry, all sent at once."""
-    replies: list[Reply] = [Reply(0.0) for _ in models_asked]
-    prompts = [w.user(20) for _ in models_asked]
-
-    def run(i: int) -> None:
-        replies[i] = target.chat(prompts[i], w.tokens, w.logit_bias, model=models_asked[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(models_asked))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return replies
+    requests = [(w.user(20), w.tokens) for _ in models_asked]
+    return target.chat_together(requests, w.logit_bias, models_asked)
 
 
 def together(target: Target, w: Workload, first: list, second: list) -> dict[str, float]:

@@ -178,22 +178,25 @@ def vision_model() -> Path:
     return vision_fixture.build(cache_root() / "fixtures")
 
 
-def _embed_decoder(spec, tiny_model) -> Path:
-    make = embedding_fixture.make_decoder(tiny_model)
-    sources = (Path(embedding_fixture.__file__), tiny_model / "tokenizer.json")
-    return fixture_models.build(spec, cache_root() / "fixtures", make, sources)
+def _from_tiny_chat(spec, make, module, tiny_model) -> Path:
+    """A fixture built on tiny-chat's tokenizer by `make(tiny_model)`; rebuilt when that
+    tokenizer or `module` (the fixture's builder) changes."""
+    sources = (Path(module.__file__), tiny_model / "tokenizer.json")
+    return fixture_models.build(spec, cache_root() / "fixtures", make(tiny_model), sources)
 
 
 @pytest.fixture(scope="session")
 def embed_qwen3_model(tiny_model) -> Path:
     """A Qwen3-Embedding-layout model (last-token pooling), served by mlx-embeddings."""
-    return _embed_decoder(embedding_fixture.TINY_EMBED_QWEN3, tiny_model)
+    spec = embedding_fixture.TINY_EMBED_QWEN3
+    return _from_tiny_chat(spec, embedding_fixture.make_decoder, embedding_fixture, tiny_model)
 
 
 @pytest.fixture(scope="session")
 def embed_qwen2_model(tiny_model) -> Path:
     """The same layout on qwen2 (gte-Qwen2), served through mlx-lm."""
-    return _embed_decoder(embedding_fixture.TINY_EMBED_QWEN2, tiny_model)
+    spec = embedding_fixture.TINY_EMBED_QWEN2
+    return _from_tiny_chat(spec, embedding_fixture.make_decoder, embedding_fixture, tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -204,23 +207,20 @@ def embed_bert_model() -> Path:
     return fixture_models.build(spec, folder, make, (Path(embedding_fixture.__file__),))
 
 
-def _random_weights(spec, tiny_model) -> Path:
-    sources = (Path(hybrid_fixture.__file__), tiny_model / "tokenizer.json")
-    return fixture_models.build(
-        spec, cache_root() / "fixtures", hybrid_fixture.make(tiny_model), sources
-    )
-
-
 @pytest.fixture(scope="session")
 def hybrid_model(tiny_model) -> Path:
     """qwen3_next (gated delta-net + attention) with tiny-chat's tokenizer, random weights."""
-    return _random_weights(hybrid_fixture.TINY_HYBRID, tiny_model)
+    return _from_tiny_chat(
+        hybrid_fixture.TINY_HYBRID, hybrid_fixture.make, hybrid_fixture, tiny_model
+    )
 
 
 @pytest.fixture(scope="session")
 def sliding_model(tiny_model) -> Path:
     """gemma3_text with a 32-token sliding window, tiny-chat's tokenizer, random weights."""
-    return _random_weights(hybrid_fixture.TINY_SLIDING, tiny_model)
+    return _from_tiny_chat(
+        hybrid_fixture.TINY_SLIDING, hybrid_fixture.make, hybrid_fixture, tiny_model
+    )
 
 
 @pytest.fixture(scope="session")
