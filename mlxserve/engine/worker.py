@@ -64,6 +64,7 @@ class GenerationWorker:
         self._provider = provider
         self._memory_budget = memory_budget  # bytes for weights and KV caches
         self._idle_unload_seconds = idle_unload_seconds
+        self._idle_check = 0.0  # when to look for idle models next (monotonic)
         self._cache = cache
         self._limits = limits
         self._capacity = capacity  # jobs running or waiting; more are refused
@@ -171,14 +172,15 @@ class GenerationWorker:
 
     def _serve(self) -> None:
         while True:
-            busy_sessions = [s for s in self._sessions.values() if len(s) > 0]
-            if not self._take(block=not busy_sessions and not self._pending):
+            decoding = any(len(s) > 0 for s in self._sessions.values())
+            if not self._take(block=not decoding and not self._pending):
                 return
             self._admit()
             for session in [s for s in self._sessions.values() if len(s) > 0]:
-                self._provider.touch(session.spec)
                 session.step()
-            self._unload_idle()
+            if self._idle_unload_seconds is not None and time.monotonic() >= self._idle_check:
+                self._idle_check = time.monotonic() + IDLE_CHECK_SECONDS
+                self._unload_idle(self._idle_unload_seconds)
 
     def _take(self, block: bool) -> bool:
         """Move submitted work to the pending queue (run calls at once); False on stop.
@@ -237,6 +239,7 @@ class GenerationWorker:
                 session.admit(job)
         finally:
             self._starting = []
+        self._provider.touch(spec)
         return True
 
     @staticmethod
@@ -357,14 +360,14 @@ class GenerationWorker:
         self._cache.forget(spec.key)
         self._provider.unload(spec)
 
-    def _unload_idle(self) -> None:
-        limit = self._idle_unload_seconds
-        if limit is None:
-            return
+    def _unload_idle(self, limit: float) -> None:
+        """Unload unpinned models unused for `limit` seconds; a busy model counts as used
+        now."""
         for loaded in self._provider.resident:
             spec = loaded.spec
-            idle = self._provider.idle_for(spec) >= limit and not self._busy(spec)
-            if idle and not self._provider.pinned(spec):
+            if self._busy(spec):
+                self._provider.touch(spec)
+            elif self._provider.idle_for(spec) >= limit and not self._provider.pinned(spec):
                 log.info("%s idle for %.0fs", spec.path.name, limit)
                 self._unload(spec)
 
