@@ -660,6 +660,10 @@ ERRORS = [
     ({"model": "default", "input": HI, "max_output_tokens": 0}, "max_output_tokens"),
     ({"model": "default", "input": HI, "tools": [{"type": "web_search"}]}, "web_search"),
     ({"model": "default", "input": HI, "tools": [{"type": "file_search"}]}, "file_search"),
+    (
+        {"model": "default", "input": HI, "tools": [{"type": "custom", "name": "apply_patch"}]},
+        "apply_patch",
+    ),
     ({"model": "default", "input": HI, "tool_choice": "sometimes"}, "tool_choice"),
     ({"model": "default", "input": HI, "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"model": "default", "input": HI, "background": True}, "background"),

@@ -49,8 +49,8 @@ class NamespaceTool(Strict):
 
 
 class HostedTool(Strict):
-    """A tool the server would have to run itself (web search, file search, a computer...):
-    refused by name."""
+    """Any other tool: one the server would have to run itself (web search, file search, a
+    computer...) or a free-form custom tool: refused by name."""
 
     type: str
     name: str | None = None
@@ -231,8 +231,9 @@ def _tools(tools: list) -> tuple[neutral.Tool, ...]:
         param = f"tools[{i}]"
         if isinstance(tool, HostedTool):
             raise bad_request(
-                f"The tool '{tool.name or tool.type}' (type '{tool.type}') is a hosted tool, "
-                "which this server cannot run; only function tools are supported.",
+                f"The tool '{tool.name or tool.type}' is of type '{tool.type}', which this "
+                "server cannot run; only function tools (and namespaces of them) are "
+                "supported.",
                 param,
                 code="unsupported_tool",
             )
