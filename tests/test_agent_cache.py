@@ -31,3 +31,22 @@ def test_every_turn_continues_from_the_previous_prompt(request, launch, family):
         messages.append({"role": "assistant", "content": reply.strip() + " Done."})
     # every turn after the first reuses the previous turn's whole prompt but its last token
     assert all(hit >= before - 1 for hit, before in cached[1:]), cached
+
+
+@pytest.mark.parametrize("family", ["hybrid_model", "sliding_model"])
+def test_a_new_conversation_continues_from_the_shared_system_prompt(request, launch, family):
+    """A cache that cannot be trimmed back keeps a checkpoint where the system prompt (and
+    tools) end, so another conversation with the same system prompt skips it."""
+    srv = launch(request.getfixturevalue(family))
+
+    def cached(question: str) -> tuple[int, int]:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        status, _, body = srv.post(CHAT, {"messages": messages, "max_tokens": 4})
+        assert status == 200, body
+        usage = body["usage"]
+        return usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+
+    assert cached("What is the first step?")[0] == 0
+    hit, total = cached("Which tools do we have?")
+    question = len(srv.post("/tokenize", {"prompt": "Which tools do we have?"})[2]["tokens"])
+    assert total - question - 10 <= hit < total  # all but the new user turn

@@ -103,7 +103,7 @@ class BatchSession:
             fresh = self._fresh()
             # Caches that cannot always be trimmed back (a hybrid model's recurrent state,
             # a sliding window once wrapped) are reusable only from an exact prefix.
-            self._checkpoints = any(type(c) is not KVCache for c in fresh)
+            self.checkpoints = any(type(c) is not KVCache for c in fresh)
             if self._quantization is not None:
                 fresh = self._quantization.quantized(fresh)
             self.footprint = measure_footprint(loaded.model, fresh)
@@ -227,7 +227,7 @@ class BatchSession:
             self._process_chunk(self._admitted[index], tokens)
         for admitted in [self._admitted[i] for i in plan.insert]:
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
-            if self._checkpoints or self._quantization is not None:
+            if self.checkpoints or self._quantization is not None:
                 self._to_last_token(admitted)
             hit = admitted.hit
             for i, job in enumerate(jobs):
@@ -239,10 +239,8 @@ class BatchSession:
 
     def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
         """Process the next `tokens` of a prompt too long to join the batch in one go."""
+        self._advance(admitted, tokens)
         hit = admitted.hit
-        self._loaded.model(mx.array(hit.rest[:tokens])[None], cache=hit.cache)
-        mx.eval([c.state for c in hit.cache])
-        hit.rest = hit.rest[tokens:]
         total = len(admitted.jobs[0].prompt)
         done = total - len(hit.rest)
         if done // LOG_EVERY > (done - tokens) // LOG_EVERY:
@@ -256,14 +254,32 @@ class BatchSession:
         reply it sends back may not be the tokens generated); a quantized batch gets the
         prompt at full precision."""
         hit = admitted.hit
-        if len(hit.rest) > 1:
-            self._loaded.model(mx.array(hit.rest[:-1])[None], cache=hit.cache)
-            hit.rest = hit.rest[-1:]
-        if self._checkpoints and hit.cached_tokens < len(admitted.processed()):
-            checkpoint = copy.deepcopy(hit.cache)
-            if self._quantization is not None:
-                checkpoint = self._quantization.quantized(checkpoint)
-            self._cache.store(self._key, admitted.processed(), checkpoint)
+        self._advance(admitted, len(hit.rest) - 1)
+        if self.checkpoints and hit.cached_tokens < len(admitted.processed()):
+            self._checkpoint(admitted)
+
+    def _advance(self, admitted: _Admitted, tokens: int) -> None:
+        """Process the next `tokens` of a waiting prompt into its cache, keeping a
+        checkpoint at each of the job's checkpoint positions passed on the way."""
+        hit = admitted.hit
+        end = len(admitted.processed()) + tokens
+        marks = admitted.jobs[0].checkpoints if self.checkpoints else ()
+        for stop in sorted({*(m for m in marks if len(admitted.processed()) < m < end), end}):
+            count = stop - len(admitted.processed())
+            if count <= 0:
+                continue
+            self._loaded.model(mx.array(hit.rest[:count])[None], cache=hit.cache)
+            mx.eval([c.state for c in hit.cache])
+            hit.rest = hit.rest[count:]
+            if stop in marks:
+                self._checkpoint(admitted)
+
+    def _checkpoint(self, admitted: _Admitted) -> None:
+        """Keep a copy of the cache as it is, holding the prompt processed so far."""
+        checkpoint = copy.deepcopy(admitted.hit.cache)
+        if self._quantization is not None:
+            checkpoint = self._quantization.quantized(checkpoint)
+        self._cache.store(self._key, admitted.processed(), checkpoint)
 
     def _drop_cancelled_admissions(self) -> None:
         """Forget waiting requests whose every job was cancelled; the prompt processed so

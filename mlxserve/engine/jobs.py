@@ -76,6 +76,9 @@ class GenerationJob:
     index: int = 0
     num_draft_tokens: int = 3
     images: PromptImages | None = None
+    # prompt lengths where a cache that cannot be trimmed back is kept on the way (the end
+    # of the system prompt and tools, which new conversations share)
+    checkpoints: tuple[int, ...] = ()
     events: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 

@@ -126,6 +126,12 @@ class GenerationWorker:
                 code="insufficient_memory",
             )
 
+    def needs_checkpoints(self, spec: ModelSpec) -> bool:
+        """Whether the model's caches continue only from exact prefixes (known once it is
+        loaded): then prompts leave checkpoints on the way (see BatchSession)."""
+        session = self._sessions.get(spec)
+        return isinstance(session, BatchSession) and session.checkpoints
+
     def submit(self, jobs: list[GenerationJob]) -> None:
         """Queue one request's jobs (jobs with the same prompt share its prefill), or
         refuse them with a 503 when the server already holds `capacity` jobs. A request

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from mlxserve.chat.images import ImageLimits
 from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
 from mlxserve.chat.tool_prompt import injects_tools
@@ -15,6 +17,7 @@ from mlxserve.config import ServerConfig
 from mlxserve.engine.jobs import PromptImages
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
+from mlxserve.engine.token_prefix import common_prefix
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.postprocess.output import (
@@ -31,6 +34,7 @@ from mlxserve.protocol.request import (
     CompletionRequest,
     EmbeddingRequest,
     GenerationRequest,
+    Message,
 )
 from mlxserve.service.embeddings import Embeddings, shortened, tokenized
 from mlxserve.service.run import ChoicePlan, GenerationRun
@@ -38,6 +42,9 @@ from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
 from mlxserve.structured.requests import chat_grammar, completion_grammar
 from mlxserve.telemetry.record import current_request
+
+# A system prompt shorter than this is not worth a prompt-cache entry of its own.
+MIN_CHECKPOINT = 256
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Prepared:
     texts: TokenTexts  # token ids -> text and bytes, for logprobs
     make_output: Callable[[list[int]], Any]
     images: PromptImages | None = None
+    checkpoints: tuple[int, ...] = ()  # see GenerationJob
 
 
 @dataclass
@@ -92,8 +100,16 @@ class ChatService:
             tools_in_request=tools,
             parallel_tool_calls=request.parallel_tool_calls,
         )
+        checkpoints = self._system_checkpoint(spec, tokenizer, request, injected, prompt)
         return Prepared(
-            spec, [prompt], params, request.n, TokenTexts(tokenizer), make_output, images
+            spec,
+            [prompt],
+            params,
+            request.n,
+            TokenTexts(tokenizer),
+            make_output,
+            images,
+            checkpoints,
         )
 
     def prompt_tokens(self, request: ChatRequest) -> int:
@@ -145,6 +161,7 @@ class ChatService:
                 _sibling_seed(prepared.params, j),
                 j == 0,
                 images=prepared.images,
+                checkpoints=prepared.checkpoints,
             )
             for p, prompt in enumerate(prepared.prompts)
             for j in range(prepared.n)
@@ -256,6 +273,24 @@ class ChatService:
             else:
                 low = middle + 1
         return best
+
+    def _system_checkpoint(
+        self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool, prompt: list[int]
+    ) -> tuple[int, ...]:
+        """Where the system prompt and tools end in `prompt`, for a model whose cache can
+        only continue from an exact prefix (so that new conversations with the same
+        system prompt skip it): the tokens the prompt shares with the same system turn
+        and tools followed by a stand-in user turn."""
+        lead = next((i for i, m in enumerate(request.messages) if m.role != "system"), 0)
+        if spec.vision or not self.worker.needs_checkpoints(spec):
+            return ()
+        if not lead and not request.tool_definitions:
+            return ()
+        stand_in = Message("user", "\x00", "messages")
+        opening = replace(request, messages=(*request.messages[:lead], stand_in))
+        opened = self._render(spec, tokenizer, opening, injected)[0]
+        shared = common_prefix(np.asarray(prompt), np.asarray(opened))
+        return (shared,) if MIN_CHECKPOINT <= shared < len(prompt) - 1 else ()
 
     def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):
         config = self.provider.config_for(spec)

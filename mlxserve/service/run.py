@@ -29,6 +29,7 @@ class ChoicePlan:
     params: GenerationParams
     counts_prompt: bool  # the first choice of its prompt: its prompt counts in usage
     images: PromptImages | None = None  # a vision model's prompt images
+    checkpoints: tuple[int, ...] = ()  # see GenerationJob
 
 
 @dataclass
@@ -143,6 +144,7 @@ class GenerationRun:
                 plan.index,
                 self._num_draft_tokens,
                 images=plan.images,
+                checkpoints=plan.checkpoints,
                 events=events,
             )
             for plan in self._plans
