@@ -4,10 +4,8 @@ settings, the grammar, and each choice's output pipeline, the same for every dia
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
-
-import numpy as np
 
 from mlxserve.chat.images import ImageLimits
 from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
@@ -17,7 +15,6 @@ from mlxserve.config import ServerConfig
 from mlxserve.engine.jobs import PromptImages
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
-from mlxserve.engine.token_prefix import common_prefix
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.postprocess.output import (
@@ -34,17 +31,14 @@ from mlxserve.protocol.request import (
     CompletionRequest,
     EmbeddingRequest,
     GenerationRequest,
-    Message,
 )
+from mlxserve.service.checkpoints import SystemEnds
 from mlxserve.service.embeddings import Embeddings, shortened, tokenized
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
 from mlxserve.structured.requests import chat_grammar, completion_grammar
 from mlxserve.telemetry.record import current_request
-
-# A system prompt shorter than this is not worth a prompt-cache entry of its own.
-MIN_CHECKPOINT = 256
 
 
 @dataclass(frozen=True)
@@ -67,6 +61,7 @@ class ChatService:
     config: ServerConfig
     provider: ModelProvider
     worker: GenerationWorker
+    _system_ends: SystemEnds = field(default_factory=SystemEnds, init=False)
 
     def prepare_chat(self, request: ChatRequest, reasoning_format: str | None = None) -> Prepared:
         """`reasoning_format` overrides --reasoning-format (a dialect with reasoning
@@ -100,7 +95,13 @@ class ChatService:
             tools_in_request=tools,
             parallel_tool_calls=request.parallel_tool_calls,
         )
-        checkpoints = self._system_checkpoint(spec, tokenizer, request, injected, prompt)
+        checkpoints = ()
+        if not spec.vision and self.worker.needs_checkpoints(spec):
+
+            def render(opening: ChatRequest) -> list[int]:
+                return self._render(spec, tokenizer, opening, injected)[0]
+
+            checkpoints = self._system_ends.find(spec, request, injected, prompt, render)
         return Prepared(
             spec,
             [prompt],
@@ -273,24 +274,6 @@ class ChatService:
             else:
                 low = middle + 1
         return best
-
-    def _system_checkpoint(
-        self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool, prompt: list[int]
-    ) -> tuple[int, ...]:
-        """Where the system prompt and tools end in `prompt`, for a model whose cache can
-        only continue from an exact prefix (so that new conversations with the same
-        system prompt skip it): the tokens the prompt shares with the same system turn
-        and tools followed by a stand-in user turn."""
-        lead = next((i for i, m in enumerate(request.messages) if m.role != "system"), 0)
-        if spec.vision or not self.worker.needs_checkpoints(spec):
-            return ()
-        if not lead and not request.tool_definitions:
-            return ()
-        stand_in = Message("user", "\x00", "messages")
-        opening = replace(request, messages=(*request.messages[:lead], stand_in))
-        opened = self._render(spec, tokenizer, opening, injected)[0]
-        shared = common_prefix(np.asarray(prompt), np.asarray(opened))
-        return (shared,) if MIN_CHECKPOINT <= shared < len(prompt) - 1 else ()
 
     def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):
         config = self.provider.config_for(spec)
