@@ -39,7 +39,7 @@ _TOKENIZER_SLOTS = 4
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which weights to serve: the identity the prompt cache and hot-swap key on."""
+    """Which weights to serve: the identity the prompt cache and residency key on."""
 
     path: Path
     adapter_path: str | None = None
