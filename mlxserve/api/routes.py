@@ -72,11 +72,8 @@ class Routes:
         if path in self.post or path in GET_PATHS:
             return path
         if path.startswith(RESPONSE_PREFIXES):
-            return (
-                "/v1/responses/{id}/input_items"
-                if path.endswith("/input_items")
-                else ("/v1/responses/{id}")
-            )
+            items = path.endswith("/input_items")
+            return "/v1/responses/{id}/input_items" if items else "/v1/responses/{id}"
         return "/v1/models/{model}" if path.startswith(MODEL_PREFIXES) else "other"
 
     def stored_response(self, method: str, path: str, query: str) -> dict:

@@ -262,10 +262,11 @@ class BatchSession:
         """Process the next `tokens` of a waiting prompt into its cache, keeping a
         checkpoint at each of the job's checkpoint positions passed on the way."""
         hit = admitted.hit
-        end = len(admitted.processed()) + tokens
+        done = len(admitted.jobs[0].prompt) - len(hit.rest)
+        end = done + tokens
         marks = admitted.jobs[0].checkpoints if self.checkpoints else ()
-        for stop in sorted({*(m for m in marks if len(admitted.processed()) < m < end), end}):
-            count = stop - len(admitted.processed())
+        for stop in sorted({*(m for m in marks if done < m < end), end}):
+            count, done = stop - done, stop
             if count <= 0:
                 continue
             self._loaded.model(mx.array(hit.rest[:count])[None], cache=hit.cache)
