@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models clean
+.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation clean
 
 install: $(VENV)/.installed
 
@@ -57,6 +57,9 @@ bench-kv: install
 
 bench-two-models: install
 	$(WITH_BLAS) $(PY) bench/two_models.py $(ARGS)
+
+bench-speculation: install
+	$(WITH_BLAS) $(PY) bench/speculation.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

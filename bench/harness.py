@@ -97,6 +97,7 @@ class Target:
         reply: Reply | None = None,
         stop: threading.Event | None = None,
         model: str | None = None,
+        temperature: float = 0.0,
     ) -> Reply:
         """Stream one reply into `reply` (read by other threads meanwhile); hang up early
         once `stop` is set. `model`: which of the server's models (None: its default)."""
@@ -104,7 +105,7 @@ class Target:
             **({"model": model} if model else {}),
             "messages": messages,
             "max_tokens": max_tokens,
-            "temperature": 0.0,
+            "temperature": temperature,
             "logit_bias": logit_bias,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -140,6 +141,7 @@ class Target:
         requests: list[tuple[list[dict], int]],
         logit_bias: dict,
         models: list[str | None] | None = None,
+        temperature: float = 0.0,
     ) -> list:
         """Send all requests at once, each on its own connection (request i to
         `models[i]`, when given)."""
@@ -149,7 +151,7 @@ class Target:
         def run(i: int) -> None:
             start.wait()
             model = models[i] if models else None
-            replies[i] = self.chat(*requests[i], logit_bias, model=model)
+            replies[i] = self.chat(*requests[i], logit_bias, model=model, temperature=temperature)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
         for t in threads:

@@ -196,6 +196,19 @@ def parser() -> argparse.ArgumentParser:
         help="values sharing one scale in the quantized KV cache",
     )
     p.add_argument(
+        "--speculation",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="draft tokens from the context (prompt lookup) and verify them in the decode "
+        "step; auto: only where this device verifies a draft for less than it saves",
+    )
+    p.add_argument(
+        "--max-draft",
+        type=int,
+        default=8,
+        help="the most tokens drafted per sequence and step (0: no speculation)",
+    )
+    p.add_argument(
         "--memory-budget-gb",
         type=positive_float,
         help="memory for the weights and every KV cache (running requests, then the "
@@ -314,6 +327,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         prefill_chunk=args.prefill_chunk,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
+        speculation=args.speculation,
+        max_draft=args.max_draft,
         cache_limit_gb=args.cache_limit_gb,
         memory_budget_gb=args.memory_budget_gb,
         image_dirs=tuple(args.image_dir),

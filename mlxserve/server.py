@@ -83,7 +83,12 @@ def build_server(config: ServerConfig) -> MLXServer:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
     limits = BatchLimits(
-        config.max_concurrent, config.prefill_chunk, config.kv_bits, config.kv_group_size
+        config.max_concurrent,
+        config.prefill_chunk,
+        config.kv_bits,
+        config.kv_group_size,
+        config.speculation,
+        config.max_draft,
     )
     budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
     capacity = config.max_concurrent + config.max_queue
@@ -107,6 +112,10 @@ def build_server(config: ServerConfig) -> MLXServer:
         model_bytes=provider.memory_by_model,
         mlx_active_bytes=mx.get_active_memory,
         mlx_cache_bytes=mx.get_cache_memory,
+        speculation=lambda: [
+            (provider.name(spec), counts.drafted, counts.accepted)
+            for spec, counts in worker.speculation()
+        ],
     )
     return MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
 

@@ -26,6 +26,12 @@ from mlxserve.engine.quantized_cache import KVQuantization
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
+from mlxserve.engine.speculative import (
+    Speculation,
+    SpeculationCounts,
+    speculate_in,
+    verify_cost,
+)
 from mlxserve.models.provider import LoadedModel
 from mlxserve.protocol.errors import bad_request
 
@@ -53,6 +59,8 @@ class BatchLimits:
     prefill_chunk: int = 256  # prompt tokens processed per loop iteration
     kv_bits: int | None = None  # KV caches quantized to this many bits (None: not)
     kv_group_size: int = 64
+    speculation: str = "auto"  # prompt-lookup drafts: "auto" where they pay, "on", "off"
+    max_draft: int = 8  # the most tokens drafted per sequence and step
 
 
 @dataclass
@@ -120,8 +128,24 @@ class BatchSession:
             prefill_batch_size=limits.decode,  # the scheduler decides what joins together
             prefill_step_size=limits.prefill_chunk,
         )
+        self.speculation = self._speculate() if not self.checkpoints else None
         self._sequences: dict[int, _Sequence] = {}
         self._admitted: list[_Admitted] = []
+
+    def _speculate(self) -> SpeculationCounts | None:
+        """Prompt-lookup drafts in the decode step, when asked for (or, with "auto", when
+        verifying a draft costs this device less than half the steps it can save). Caches
+        that cannot be trimmed back (see `checkpoints`) cannot drop rejected drafts."""
+        mode, width = self._limits.speculation, self._limits.max_draft + 1
+        if mode == "off" or self._limits.max_draft <= 0:
+            return None
+        if mode == "auto":
+            cost = verify_cost(self._loaded.model, width)
+            log.info("Verifying %d tokens costs %.1f steps of one on this device", width, cost)
+            if cost > width / 2:
+                log.info("Prompt-lookup speculation off for %s: it cannot pay", self.spec.path.name)
+                return None
+        return speculate_in(self._generator, Speculation(self._limits.max_draft))
 
     @property
     def spec(self):
@@ -187,7 +211,9 @@ class BatchSession:
         _, responses = self._generator.next()
         finished: list[int] = []
         stopped: list[int] = []
-        for r in responses:
+        for r in responses:  # a sequence may have several tokens in one step (speculation)
+            if r.uid in finished or r.uid in stopped:
+                continue  # the tokens after its stop string are not output
             sequence = self._sequences[r.uid]
             hit_stop = sequence.output.add(r.token, r.logprobs, r.finish_reason)
             if r.finish_reason is not None:

@@ -111,11 +111,26 @@ def _keyed_sampler(s: SamplerSettings, seed: int) -> Callable:
     return sample
 
 
+class LogitBias:
+    """`logit_bias` as a logits processor (mlx-lm's operation). It keeps no state, so it
+    applies to every position of a pass at once: sequences with only such processors can
+    still speculate (see `speculative`)."""
+
+    per_position = True
+
+    def __init__(self, bias: dict[int, float]):
+        self._indices = mx.array(list(bias.keys()))
+        self._values = mx.array(list(bias.values()))
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        return logits.at[:, self._indices].add(self._values)
+
+
 def build_logits_processors(params: GenerationParams) -> list[Callable]:
     """One sequence's processors; the reasoning budget and the grammar mask come last, so
     that no bias or penalty can bring back a token they forbid."""
-    processors = make_logits_processors(
-        logit_bias=params.logit_bias or None,
+    processors: list[Callable] = [LogitBias(params.logit_bias)] if params.logit_bias else []
+    processors += make_logits_processors(
         repetition_penalty=params.repetition_penalty,
         repetition_context_size=params.repetition_context_size,
         presence_penalty=params.presence_penalty,

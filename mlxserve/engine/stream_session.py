@@ -11,6 +11,7 @@ from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.single import SingleRun, generate_single
+from mlxserve.engine.speculative import SpeculationCounts
 from mlxserve.engine.vision import generate_vision
 from mlxserve.models.provider import LoadedModel, ModelSpec
 from mlxserve.protocol.errors import internal_error
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class StreamSession:
+    speculation: SpeculationCounts | None = None  # a draft model's are mlx-lm's own
+
     def __init__(self, loaded: LoadedModel, cache: PromptCache, prefill_chunk: int):
         self._loaded = loaded
         self._cache = cache

@@ -26,6 +26,7 @@ from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import GB
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
+from mlxserve.engine.speculative import SpeculationCounts
 from mlxserve.engine.stream_session import StreamSession
 from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec, stored_bytes
 from mlxserve.protocol.errors import (
@@ -99,6 +100,11 @@ class GenerationWorker:
     def running(self) -> int:
         """Sequences decoding now, every model's (read from any thread: a snapshot)."""
         return sum(s.decoding for s in list(self._sessions.values()))
+
+    def speculation(self) -> list[tuple[ModelSpec, SpeculationCounts]]:
+        """Each speculating session's draft counts (read from any thread: a snapshot)."""
+        sessions = list(self._sessions.items())
+        return [(spec, s.speculation) for spec, s in sessions if s.speculation is not None]
 
     @property
     def waiting(self) -> int:

@@ -15,7 +15,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mlxserve.telemetry.record import RequestRecord
@@ -27,13 +27,19 @@ TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1
 
 
 class _PerModel(Collector):
-    """A gauge labelled by model, read from `source` when scraped."""
+    """A gauge (or a counter) labelled by model, read from `source` when scraped."""
 
-    def __init__(self, name: str, doc: str, source: Callable[[], Iterable[tuple[str, float]]]):
-        self._name, self._doc, self._source = name, doc, source
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        source: Callable[[], Iterable[tuple[str, float]]],
+        family: type = GaugeMetricFamily,
+    ):
+        self._name, self._doc, self._source, self._family = name, doc, source, family
 
     def collect(self):
-        family = GaugeMetricFamily(self._name, self._doc, labels=["model"])
+        family = self._family(self._name, self._doc, labels=["model"])
         for model, value in self._source():
             family.add_metric([model], value)
         yield family
@@ -92,8 +98,10 @@ class Metrics:
         model_bytes: Callable[[], Iterable[tuple[str, int]]],
         mlx_active_bytes: Callable[[], int],
         mlx_cache_bytes: Callable[[], int],
+        speculation: Callable[[], Iterable[tuple[str, int, int]]] = list,
     ) -> None:
-        """Gauges read from the server's parts at scrape time."""
+        """Gauges (and counters kept by the engine) read from the server's parts at scrape
+        time; `speculation` gives (model, drafted tokens, accepted tokens)."""
         r = self.registry
         Gauge(
             "mlxserve_mlx_active_memory_bytes", "Memory in MLX arrays now.", registry=r
@@ -111,6 +119,21 @@ class Metrics:
             "mlxserve_prompt_cache_bytes", "KV bytes held by the prompt cache.", registry=r
         ).set_function(prompt_cache_bytes)
         r.register(_PerModel("mlxserve_model_memory_bytes", "Weights in memory.", model_bytes))
+        for column, (outcome, doc) in enumerate(
+            (
+                ("drafted", "Tokens drafted from the context (speculation) since loading."),
+                ("accepted", "Drafted tokens the model agreed with (no step of their own)."),
+            ),
+            start=1,
+        ):
+            r.register(
+                _PerModel(
+                    f"mlxserve_speculative_{outcome}_tokens",
+                    doc,
+                    lambda column=column: [(row[0], row[column]) for row in speculation()],
+                    CounterMetricFamily,
+                )
+            )
 
     def observe(self, record: RequestRecord, endpoint: str) -> None:
         """Count a finished request."""

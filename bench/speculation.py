@@ -1,0 +1,120 @@
+"""Decoding speed with prompt-lookup speculation on and off, against mlx_lm.server.
+
+Three workloads, one streamed reply each (and `--streams` at once for the batch line):
+- repeating: greedy decoding of the random-weight bench model, which settles into
+  repeating its own output (the best case: every draft is accepted);
+- sampled: temperature 1.0 on the same model, output that repeats nothing (drafts are
+  rare and rejected: the cost of speculating where it cannot help);
+- copy: the tiny-chat test fixture's "echo" conversation, a trained model writing back the
+  code it was given (an agent rewriting a file); tiny, so per-step overhead dominates.
+
+Servers run from this venv, interleaved round by round; figures are decode tok/s (first
+token to last), median over rounds, and ratios to mlx_lm.server. Acceptance comes from
+mlxserve's /metrics.
+
+    make bench-speculation                       # 3 rounds, 200 tokens
+    make bench-speculation ARGS="--rounds 1 --tokens 100"
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import statistics
+import sys
+from pathlib import Path
+
+import models
+from harness import Target
+
+from bench import Workload
+
+TARGETS = {
+    "mlxserve on": ("mlxserve", ("--speculation", "on")),
+    "mlxserve off": ("mlxserve", ("--speculation", "off")),
+    "mlx_lm.server": ("mlx_lm.server", ()),
+}
+
+
+def accepted_share(target: Target) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+    conn.request("GET", "/metrics")
+    counts = {"drafted": 0.0, "accepted": 0.0}
+    for line in conn.getresponse().read().decode().splitlines():
+        for outcome in counts:
+            if line.startswith(f"mlxserve_speculative_{outcome}_tokens_total"):
+                counts[outcome] += float(line.split()[-1])
+    return f"{counts['accepted']:.0f}/{counts['drafted']:.0f} drafted tokens accepted"
+
+
+def measure(workloads: dict, path: Path, rounds: int, bias: dict) -> None:
+    """`workloads`: label -> (messages, max tokens, temperature, streams at once)."""
+    targets = {name: Target(kind, path, *flags) for name, (kind, flags) in TARGETS.items()}
+    speeds: dict[tuple[str, str], list[float]] = {}
+    try:
+        for _ in range(rounds):
+            for label, (messages, tokens, temperature, streams) in workloads.items():
+                for name, target in targets.items():
+                    if streams > 1:  # aggregate tok/s
+                        requests = [(messages, tokens)] * streams
+                        replies = target.chat_together(requests, bias, temperature=temperature)
+                        start = min(r.stamps[0] for r in replies)
+                        end = max(r.finished for r in replies)
+                        speed = sum(r.completion_tokens - 1 for r in replies) / (end - start)
+                    else:
+                        speed = target.chat(
+                            messages, tokens, bias, temperature=temperature
+                        ).decode_tps
+                    speeds.setdefault((label, name), []).append(speed)
+        for label in workloads:
+            reference = statistics.median(speeds[(label, "mlx_lm.server")])
+            cells = []
+            for name in targets:
+                median = statistics.median(speeds[(label, name)])
+                cells.append(f"{name} {median:6.1f} tok/s ({median / reference:4.2f}x)")
+            print(f"  {label:14}" + "   ".join(cells))
+        print(f"  mlxserve on: {accepted_share(targets['mlxserve on'])}")
+    finally:
+        for target in targets.values():
+            target.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--model", default="50m", choices=sorted(models.MODELS))
+    args = parser.parse_args()
+
+    import mlx.core as mx
+
+    dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
+    print(f"device {mx.default_device()}, {args.tokens} tokens per reply, {args.rounds} rounds")
+    path = models.build(models.MODELS[args.model], dtype)
+    w = Workload(path, args.tokens, 0)
+    prompt = w.user(200)
+    print(f"\n{path.name}")
+    workloads = {
+        "repeating": (prompt, args.tokens, 0.0, 1),
+        "sampled": (prompt, args.tokens, 1.0, 1),
+        f"repeating {args.streams}x": (prompt, args.tokens, 0.0, args.streams),
+        f"sampled {args.streams}x": (prompt, args.tokens, 1.0, args.streams),
+    }
+    measure(workloads, path, args.rounds, w.logit_bias)
+
+    fixtures = Path(__file__).parents[1] / "tests" / "fixtures"
+    sys.path.insert(0, str(fixtures))
+    import fixture_models
+    from conversations import BY_NAME
+
+    from mlxserve.models.demo import cache_root
+
+    tiny = fixture_models.build(fixture_models.TINY_CHAT, cache_root() / "fixtures")
+    echo = BY_NAME["echo"].messages
+    print(f"\n{tiny.name} (the echo conversation: the reply copies the prompt's code)")
+    measure({"copy": (echo, 100, 0.0, 1)}, tiny, args.rounds, {})
+
+
+if __name__ == "__main__":
+    main()

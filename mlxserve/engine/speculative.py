@@ -1,0 +1,305 @@
+"""Speculative decoding from the context (prompt lookup), inside the continuous batch.
+
+Much of what an agent writes repeats what it has read. Each step, a sequence looks up the
+last few tokens it has in its own context (prompt and output so far); where they occurred
+before, the tokens that followed are its draft. One forward pass then processes every
+sequence's next token and its draft together (B x (1 + longest draft)); each sequence keeps
+the drafted tokens its own sampler agrees with, plus the sampler's token at the first
+disagreement, and the positions it did not keep are rolled out of its row of the batch KV
+cache (`prepare(right_padding=...)` + `finalize()`, the batch caches' own way of turning
+right padding into left padding).
+
+Comparing the sampled token with a single drafted token is the standard acceptance rule for
+a draft that proposes one token with certainty: the kept token has the target
+distribution, so greedy output is the plain output and sampled output is drawn from the
+same distribution. Sequences with logits processors that follow the tokens (penalties, a
+grammar, a reasoning budget) decode without drafts in the same pass; processors marked
+`per_position` (a logit bias) apply to every position.
+
+Verifying k drafts costs about one step where decoding is bound by memory bandwidth (Metal,
+CUDA), and k + 1 steps where it is bound by arithmetic (MLX's CPU backend); `verify_cost`
+measures which, so that "auto" speculates only where it pays.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.models.cache import make_prompt_cache
+
+NGRAM_SIZES = (4, 3, 2)  # the context's last n tokens looked up, longest first
+FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
+MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """`max_draft`: the most tokens drafted per sequence and step."""
+
+    max_draft: int = 8
+
+
+@dataclass
+class SpeculationCounts:
+    """Drafted and accepted tokens since the session opened (for /metrics)."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+
+class NgramDrafter:
+    """One sequence's drafts: an index of where each n-gram of its context last ended,
+    and a draft length that follows how much of its drafts was accepted."""
+
+    def __init__(self, max_draft: int):
+        self._max = max_draft
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # positions of the context whose n-grams are in the index
+        self.length = min(FIRST_DRAFT, max_draft)
+        self._pause = 0  # steps left without drafting
+        self._misses = 0  # drafts rejected outright in a row
+
+    def propose(self, context: list[int], last: int, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the
+        context's last n tokens; `context` holds the tokens in the cache, `last` the token
+        about to be processed after them."""
+        if self._pause:
+            self._pause -= 1
+            return []
+        self._catch_up(context)
+        for n in NGRAM_SIZES:
+            if n - 1 > len(context):
+                continue
+            key = (*context[len(context) - n + 1 :], last)
+            end = self._index.get(key)
+            if end is not None:
+                return context[end : end + min(self.length, limit)]
+        return []
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Lengthen the drafts while they are accepted whole, shorten them to what was
+        accepted, and pause drafting (longer each time) while they are rejected outright."""
+        if accepted == drafted:
+            self.length = min(2 * self.length, self._max)
+            self._misses = 0
+        elif accepted == 0:
+            self._misses += 1
+            self._pause = min(2**self._misses, MAX_BACKOFF_STEPS)
+            self.length = max(1, self.length // 2)
+        else:
+            self.length = accepted + 1
+            self._misses = 0
+
+    def _catch_up(self, context: list[int]) -> None:
+        """Index the n-grams that end before the context's last token (each has a token
+        after it to draft from)."""
+        for end in range(max(self._indexed, 1), len(context)):
+            for n in NGRAM_SIZES:
+                if end >= n:
+                    self._index[tuple(context[end - n : end])] = end
+        self._indexed = max(self._indexed, len(context))
+
+
+class SpeculativeBatch(GenerationBatch):
+    """mlx-lm's generation batch with prompt-lookup drafts verified in its decode step.
+
+    A step with no draft anywhere is mlx-lm's own step, unchanged."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.speculation = Speculation()
+        self.counts = SpeculationCounts()
+        self._drafters: dict[int, NgramDrafter] = {}
+
+    def next(self) -> list[GenerationBatch.Response]:
+        if not self.uids:
+            return []
+        nexts = self._next_tokens.tolist()
+        drafts = self._drafts(nexts)
+        if not any(drafts):
+            return super().next()
+        return self._verify(nexts, drafts)
+
+    # Drafting -----------------------------------------------------------------------------
+
+    def _drafts(self, nexts: list[int]) -> list[list[int]]:
+        """Each row's draft after its next token (none for rows with logits processors,
+        or at their token limit)."""
+        drafters = self._drafters
+        self._drafters = {}
+        drafts = []
+        for i, uid in enumerate(self.uids):
+            drafter = drafters.get(uid) or NgramDrafter(self.speculation.max_draft)
+            self._drafters[uid] = drafter
+            room = self.max_tokens[i] - self._num_tokens[i] - 1  # the next token counts one
+            if not _per_position(self.logits_processors[i]) or room <= 0:
+                drafts.append([])
+            else:
+                drafts.append(drafter.propose(self.tokens[i], nexts[i], room))
+        return drafts
+
+    # Verifying ----------------------------------------------------------------------------
+
+    def _verify(self, nexts: list[int], drafts: list[list[int]]) -> list[GenerationBatch.Response]:
+        width = 1 + max(len(d) for d in drafts)
+        rows = [[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(nexts, drafts, strict=True)]
+        inputs = mx.array(rows, dtype=self._next_tokens.dtype)
+        logits = self._processed(inputs, self.model(inputs, cache=self.prompt_cache))
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        sampled = self._sample(logprobs, [len(d) + 1 for d in drafts])
+        mx.eval(sampled, self._next_logprobs)
+        chosen = sampled.tolist()
+
+        kept: list[list[int]] = []  # per row: the tokens this step puts in the cache
+        reasons: list[str | None] = []
+        after: list[tuple[int, int]] = []  # per row: the next token and its position
+        for i, draft in enumerate(drafts):
+            accepted = 0
+            while accepted < len(draft) and chosen[i][accepted] == draft[accepted]:
+                accepted += 1
+            if draft:
+                self._drafters[self.uids[i]].record(len(draft), accepted)
+                self.counts.drafted += len(draft)
+                self.counts.accepted += accepted
+            tokens, reason = self._until_finish(i, [nexts[i], *draft[:accepted]])
+            kept.append(tokens)
+            reasons.append(reason)
+            after.append((chosen[i][accepted], accepted))
+
+        self._roll_back([width - len(tokens) for tokens in kept])
+        return self._respond(kept, reasons, after, logprobs)
+
+    def _processed(self, inputs: mx.array, logits: mx.array) -> mx.array:
+        """Each row's logits processors: per-position ones over all its positions, others
+        at its first position only (such rows have no draft), fed the token it follows as
+        mlx-lm's own step does (per-position processors do not read the tokens)."""
+        if not any(self.logits_processors):
+            return logits
+        rows = []
+        for e, processors in enumerate(self.logits_processors):
+            row = logits[e]
+            if _per_position(processors):
+                for processor in processors:
+                    row = processor(None, row)
+            else:
+                context = self._token_context[e].update_and_fetch(inputs[e, :1])
+                first = row[:1]
+                for processor in processors:
+                    first = processor(context, first)
+                row = mx.concatenate([first, row[1:]], axis=0)
+            rows.append(row)
+        return mx.stack(rows)
+
+    def _sample(self, logprobs: mx.array, lengths: list[int]) -> mx.array:
+        """Each row's sampler over its next token and drafted positions. A batch sharing
+        one sampler samples in one call; otherwise each row samples only its own positions,
+        so that a seeded sampler's draws do not depend on the other rows."""
+        samplers = [s or self.fallback_sampler for s in self.samplers]
+        batch, width, vocab = logprobs.shape
+        if all(s is samplers[0] for s in samplers):
+            return samplers[0](logprobs.reshape(batch * width, vocab)).reshape(batch, width)
+        rows = []
+        for e, sampler in enumerate(samplers):
+            row = sampler(logprobs[e, : lengths[e]])
+            rows.append(mx.pad(row, (0, width - lengths[e])))
+        return mx.stack(rows)
+
+    def _until_finish(self, i: int, tokens: list[int]) -> tuple[list[int], str | None]:
+        """The tokens a row keeps, cut after the one that finishes it (its token limit or
+        an end-of-sequence token), and why it finished."""
+        for n, token in enumerate(tokens):
+            self._num_tokens[i] += 1
+            reason = "length" if self._num_tokens[i] >= self.max_tokens[i] else None
+            if self._matchers[i].advance(token):
+                reason = "stop"
+            if reason is not None:
+                return tokens[: n + 1], reason
+        return tokens, None
+
+    def _roll_back(self, unkept: list[int]) -> None:
+        """Take the positions a row did not keep out of the batch caches: the positions
+        every row dropped are trimmed, the rest become the rows' left padding."""
+        shared = min(unkept)
+        rest = [n - shared for n in unkept]
+        for cache in self.prompt_cache:
+            if shared:
+                cache.trim(shared)
+            if any(rest):
+                cache.prepare(right_padding=rest)
+                cache.finalize()
+
+    def _respond(
+        self,
+        kept: list[list[int]],
+        reasons: list[str | None],
+        after: list[tuple[int, int]],
+        logprobs: mx.array,
+    ) -> list[GenerationBatch.Response]:
+        responses = []
+        keep = []
+        for i, tokens in enumerate(kept):
+            self.tokens[i].extend(tokens)
+            # The first token's distribution came from the previous step; each kept draft
+            # token's from the position before it.
+            row_logprobs = [
+                self._next_logprobs[i],
+                *(logprobs[i, j] for j in range(len(tokens) - 1)),
+            ]
+            finished = reasons[i] is not None
+            for n, (token, lp) in enumerate(zip(tokens, row_logprobs, strict=True)):
+                last = finished and n == len(tokens) - 1
+                responses.append(
+                    self.Response(
+                        uid=self.uids[i],
+                        token=token,
+                        logprobs=lp,
+                        finish_reason=reasons[i] if last else None,
+                        prompt_cache=self.extract_cache(i) if last else None,
+                        all_tokens=self.tokens[i] if last else None,
+                    )
+                )
+            if not finished:
+                keep.append(i)
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        self._next_tokens = mx.array([token for token, _ in after], dtype=self._next_tokens.dtype)
+        self._next_logprobs = [logprobs[i, position] for i, (_, position) in enumerate(after)]
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
+
+
+def _per_position(processors) -> bool:
+    """Whether a row's processors (if any) apply to each position alike."""
+    return all(getattr(p, "per_position", False) for p in processors)
+
+
+def speculate_in(generator: BatchGenerator, speculation: Speculation) -> SpeculationCounts:
+    """Give `generator` a speculative generation batch; returns its running counts."""
+    batch = SpeculativeBatch.empty(generator.model, generator.sampler)
+    batch.speculation = speculation
+    # mlx-lm keeps its generation batch in a private attribute and extends it in place.
+    generator._generation_batch = batch
+    return batch.counts
+
+
+def verify_cost(model: Any, width: int, repeats: int = 2) -> float:
+    """How many single-token steps one forward pass over `width` tokens costs on this
+    device (1: free where memory bandwidth bounds decoding; `width`: no gain possible)."""
+
+    def timed(tokens: int) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            cache = make_prompt_cache(model)
+            mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache=cache))
+            start = time.perf_counter()
+            mx.eval(model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache))
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed(1)  # warm up
+    return timed(width) / timed(1)

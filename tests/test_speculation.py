@@ -1,0 +1,176 @@
+"""Prompt-lookup speculation: drafts from the context verified in the decode step change
+nothing a client can see (greedy tokens, logprobs, stops, limits, grammars, seeded
+sampling, alone and batched), and a reply that repeats its prompt accepts them.
+
+The servers here run with `--speculation on`: on this machine's CPU backend "auto" turns
+speculation off (verifying k tokens costs k steps there), so the default server never
+exercises it."""
+
+from __future__ import annotations
+
+import pytest
+from conversations import BY_NAME, CONVERSATIONS, ECHO_CODE
+from test_batching import ENDS, concurrently, endless_stream
+from test_observability import metrics
+from test_structured import NO_THINKING, assert_valid, constrained
+from transformers import AutoTokenizer
+
+CHAT = "/v1/chat/completions"
+ECHO = BY_NAME["echo"]
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model):
+    """The same model without and with speculation, prompt caches off (each request is
+    computed from its prompt)."""
+    from conftest import start_server
+
+    pair = [
+        start_server(tiny_model, "--speculation", mode, "--prompt-cache-size", "0")
+        for mode in ("off", "on")
+    ]
+    yield pair
+    for srv in pair:
+        srv.stop()
+
+
+def reply(srv, body: dict) -> tuple[dict, list[tuple]]:
+    """The choice (logprobs taken out) and its logprob entries as tuples."""
+    status, _, answer = srv.post(CHAT, {**body, "logprobs": True, "top_logprobs": 3})
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    entries = [
+        (e["token"], e["logprob"], [(t["token"], t["logprob"]) for t in e["top_logprobs"]])
+        for e in choice.pop("logprobs")["content"]
+    ]
+    for call in choice["message"].get("tool_calls") or []:
+        del call["id"]
+    return {**choice, "usage": answer["usage"]}, entries
+
+
+def assert_same(plain: tuple, speculated: tuple) -> None:
+    """The same message, finish reason, usage and tokens; logprobs equal to float32
+    rounding (a pass over several positions adds up in another order)."""
+    assert speculated[0] == plain[0]
+    assert [e[0] for e in speculated[1]] == [e[0] for e in plain[1]]
+    for (_, lp, top), (_, lp0, top0) in zip(speculated[1], plain[1], strict=True):
+        assert lp == pytest.approx(lp0, abs=1e-4)
+        assert [t for t, _ in top] == [t for t, _ in top0]
+        assert [v for _, v in top] == pytest.approx([v for _, v in top0], abs=1e-4)
+
+
+def accepted(srv) -> float:
+    values = metrics(srv)
+    return sum(v for (name, _), v in values.items() if name.endswith("_accepted_tokens_total"))
+
+
+def think_bias(model) -> dict:
+    """A logit bias that changes nothing in the echo reply (it never thinks)."""
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return {"logit_bias": {str(tokenizer.convert_tokens_to_ids("<think>")): -100}}
+
+
+@pytest.mark.parametrize("biased", [False, True], ids=["plain", "logit_bias"])
+def test_a_reply_that_repeats_its_prompt_accepts_drafts(servers, tiny_model, biased):
+    """Also with a logit bias: it applies to every drafted position alike."""
+    off, on = servers
+    body = {**ECHO.request, **(think_bias(tiny_model) if biased else {})}
+    before = accepted(on)
+    plain, speculated = reply(off, body), reply(on, body)
+    assert speculated[0]["message"]["content"] == ECHO_CODE
+    assert_same(plain, speculated)
+    completion = speculated[0]["usage"]["completion_tokens"]
+    # Most of the reply came from drafts: after a few tokens the lookup finds the code in
+    # the prompt and the model agrees with it to the end.
+    assert accepted(on) - before >= completion / 2
+    assert accepted(off) == 0
+
+
+@pytest.mark.parametrize("conv", CONVERSATIONS, ids=lambda c: c.name)
+def test_greedy_tokens_and_logprobs_are_those_of_plain_decoding(servers, conv):
+    off, on = servers
+    assert_same(reply(off, conv.request), reply(on, conv.request))
+
+
+def test_batched_speculation_gives_every_request_its_plain_reply(servers, tiny_model):
+    """All at once beside a running stream: rows with and without drafts share a pass, and
+    each keeps a different number of tokens."""
+    off, on = servers
+    plain = [reply(off, c.request) for c in CONVERSATIONS]
+    background = endless_stream(on, tiny_model, ENDS["tiny_model"])
+    try:
+        batched = concurrently(lambda c: reply(on, c.request), CONVERSATIONS)
+    finally:
+        background.close()
+    for p, b in zip(plain, batched, strict=True):
+        assert_same(p, b)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"stop": ["1 + tax"]},  # a stop string inside a run of accepted drafts
+        {"stop": ["subtotal"]},  # its first occurrence is in a drafted stretch too
+        {"max_tokens": 9},  # the token limit falls inside a draft
+        {"max_tokens": 30},
+    ],
+    ids=["stop-late", "stop-early", "max-9", "max-30"],
+)
+def test_stops_and_limits_cut_the_reply_where_plain_decoding_does(servers, limits):
+    off, on = servers
+    body = {**ECHO.request, **limits}
+    plain, speculated = reply(off, body), reply(on, body)
+    assert_same(plain, speculated)
+    content = speculated[0]["message"]["content"]
+    for stop in limits.get("stop", []):
+        assert stop not in content and speculated[0]["finish_reason"] == "stop"
+    if "max_tokens" in limits:
+        assert speculated[0]["usage"]["completion_tokens"] == limits["max_tokens"]
+        assert speculated[0]["finish_reason"] == "length"
+
+
+def test_a_grammar_constrained_reply_is_unchanged_beside_drafting_rows(servers):
+    """A grammar keeps state per token, so its row does not draft; it shares passes with
+    a row that does."""
+    off, on = servers
+    schema_body = constrained("capital", "nested", **NO_THINKING)
+    plain = [reply(off, b) for b in (schema_body, ECHO.request)]
+    batched = concurrently(lambda b: reply(on, b), [schema_body, ECHO.request])
+    for p, b in zip(plain, batched, strict=True):
+        assert_same(p, b)
+    assert_valid(
+        batched[0][0]["message"]["content"], schema_body["response_format"]["json_schema"]["schema"]
+    )
+
+
+def test_seeded_sampling_is_reproducible_alone_and_batched(servers):
+    """Sampled drafts are kept when the request's own sampler agrees with them, drawing
+    from its own key: a seed gives one reply whatever else is in the batch."""
+    _, on = servers
+
+    def sampled(seed: int) -> str:
+        body = {**ECHO.request, "temperature": 0.8, "seed": seed, "max_tokens": 40}
+        status, _, answer = on.post(CHAT, body)
+        assert status == 200, answer
+        return answer["choices"][0]["message"]["content"]
+
+    alone = [sampled(seed) for seed in (1, 2)]
+    assert concurrently(sampled, [1, 2, 1]) == [*alone, alone[0]]
+
+
+def test_n_choices_each_speculate(servers):
+    off, on = servers
+    body = {**ECHO.request, "n": 3}
+    status, _, answer = on.post(CHAT, body)
+    assert status == 200
+    assert [c["message"]["content"] for c in answer["choices"]] == [ECHO_CODE] * 3
+    assert answer["usage"] == off.post(CHAT, body)[2]["usage"]
+
+
+def test_caches_that_cannot_drop_rejected_drafts_do_not_speculate(launch, hybrid_model):
+    """A recurrent state holds every token it was fed: such models decode as before."""
+    srv = launch(hybrid_model, "--speculation", "on")
+    status, _, answer = srv.post(CHAT, {**ECHO.request, "max_tokens": 20})
+    assert status == 200, answer
+    names = {name for name, _ in metrics(srv)}
+    assert not any("speculative" in name for name in names)
