@@ -5,7 +5,7 @@ Three workloads, one streamed reply each (and `--streams` at once for the batch 
   repeating its own output (the best case: every draft is accepted);
 - sampled: temperature 1.0 on the same model, output that repeats nothing (drafts are
   rare and rejected: the cost of speculating where it cannot help);
-- copy: the tiny-chat test fixture's "echo" conversation, a trained model writing back the
+- copy: the tiny-echo test fixture's conversation, a trained model writing back the
   code it was given (an agent rewriting a file); tiny, so per-step overhead dominates.
 
 Servers run from this venv, interleaved round by round; figures are decode tok/s (first
@@ -106,12 +106,12 @@ def main() -> None:
     fixtures = Path(__file__).parents[1] / "tests" / "fixtures"
     sys.path.insert(0, str(fixtures))
     import fixture_models
-    from conversations import BY_NAME
+    from conversations import ECHO
 
     from mlxserve.models.demo import cache_root
 
-    tiny = fixture_models.build(fixture_models.TINY_CHAT, cache_root() / "fixtures")
-    echo = BY_NAME["echo"].messages
+    tiny = fixture_models.build(fixture_models.TINY_ECHO, cache_root() / "fixtures")
+    echo = ECHO.messages
     print(f"\n{tiny.name} (the echo conversation: the reply copies the prompt's code)")
     measure({"copy": (echo, 100, 0.0, 1)}, tiny, args.rounds, {})
 

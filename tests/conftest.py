@@ -117,6 +117,12 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def echo_model() -> Path:
+    """tiny-chat's architecture, trained to write back the code in its prompt."""
+    return fixture_models.build(fixture_models.TINY_ECHO, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
 def metaspace_model() -> Path:
     """The chat fixture on Llama's architecture with a Metaspace (T5-style) tokenizer."""
     return fixture_models.build(fixture_models.TINY_METASPACE, cache_root() / "fixtures")

@@ -9,29 +9,37 @@ exercises it."""
 from __future__ import annotations
 
 import pytest
-from conversations import BY_NAME, CONVERSATIONS, ECHO_CODE
+from conversations import BY_NAME, CONVERSATIONS, ECHO, ECHO_CODE
 from test_batching import ENDS, concurrently, endless_stream
 from test_observability import metrics
 from test_structured import NO_THINKING, assert_valid, constrained
 from transformers import AutoTokenizer
 
 CHAT = "/v1/chat/completions"
-ECHO = BY_NAME["echo"]
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_model):
-    """The same model without and with speculation, prompt caches off (each request is
+def without_and_with(model):
+    """The model served without and with speculation, prompt caches off (each request is
     computed from its prompt)."""
     from conftest import start_server
 
     pair = [
-        start_server(tiny_model, "--speculation", mode, "--prompt-cache-size", "0")
+        start_server(model, "--speculation", mode, "--prompt-cache-size", "0")
         for mode in ("off", "on")
     ]
     yield pair
     for srv in pair:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model):
+    yield from without_and_with(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def echo_servers(echo_model):
+    yield from without_and_with(echo_model)
 
 
 def reply(srv, body: dict) -> tuple[dict, list[tuple]]:
@@ -71,10 +79,10 @@ def think_bias(model) -> dict:
 
 
 @pytest.mark.parametrize("biased", [False, True], ids=["plain", "logit_bias"])
-def test_a_reply_that_repeats_its_prompt_accepts_drafts(servers, tiny_model, biased):
+def test_a_reply_that_repeats_its_prompt_accepts_drafts(echo_servers, echo_model, biased):
     """Also with a logit bias: it applies to every drafted position alike."""
-    off, on = servers
-    body = {**ECHO.request, **(think_bias(tiny_model) if biased else {})}
+    off, on = echo_servers
+    body = {**ECHO.request, **(think_bias(echo_model) if biased else {})}
     before = accepted(on)
     plain, speculated = reply(off, body), reply(on, body)
     assert speculated[0]["message"]["content"] == ECHO_CODE
@@ -116,8 +124,8 @@ def test_batched_speculation_gives_every_request_its_plain_reply(servers, tiny_m
     ],
     ids=["stop-late", "stop-early", "max-9", "max-30"],
 )
-def test_stops_and_limits_cut_the_reply_where_plain_decoding_does(servers, limits):
-    off, on = servers
+def test_stops_and_limits_cut_the_reply_where_plain_decoding_does(echo_servers, limits):
+    off, on = echo_servers
     body = {**ECHO.request, **limits}
     plain, speculated = reply(off, body), reply(on, body)
     assert_same(plain, speculated)
@@ -131,11 +139,14 @@ def test_stops_and_limits_cut_the_reply_where_plain_decoding_does(servers, limit
 
 def test_a_grammar_constrained_reply_is_unchanged_beside_drafting_rows(servers):
     """A grammar keeps state per token, so its row does not draft; it shares passes with
-    a row that does."""
+    a row that does (the story repeats some of its own phrases)."""
     off, on = servers
     schema_body = constrained("capital", "nested", **NO_THINKING)
-    plain = [reply(off, b) for b in (schema_body, ECHO.request)]
-    batched = concurrently(lambda b: reply(on, b), [schema_body, ECHO.request])
+    story = BY_NAME["story"].request
+    before = accepted(on)
+    plain = [reply(off, b) for b in (schema_body, story)]
+    batched = concurrently(lambda b: reply(on, b), [schema_body, story])
+    assert accepted(on) > before
     for p, b in zip(plain, batched, strict=True):
         assert_same(p, b)
     assert_valid(
@@ -143,10 +154,10 @@ def test_a_grammar_constrained_reply_is_unchanged_beside_drafting_rows(servers):
     )
 
 
-def test_seeded_sampling_is_reproducible_alone_and_batched(servers):
+def test_seeded_sampling_is_reproducible_alone_and_batched(echo_servers):
     """Sampled drafts are kept when the request's own sampler agrees with them, drawing
     from its own key: a seed gives one reply whatever else is in the batch."""
-    _, on = servers
+    _, on = echo_servers
 
     def sampled(seed: int) -> str:
         body = {**ECHO.request, "temperature": 0.8, "seed": seed, "max_tokens": 40}
@@ -158,8 +169,8 @@ def test_seeded_sampling_is_reproducible_alone_and_batched(servers):
     assert concurrently(sampled, [1, 2, 1]) == [*alone, alone[0]]
 
 
-def test_n_choices_each_speculate(servers):
-    off, on = servers
+def test_n_choices_each_speculate(echo_servers):
+    off, on = echo_servers
     body = {**ECHO.request, "n": 3}
     status, _, answer = on.post(CHAT, body)
     assert status == 200
