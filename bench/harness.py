@@ -53,6 +53,10 @@ class Target:
         self.port = free_port()
         command = [sys.executable, "-m", MODULES[kind], "--model", str(model)]
         command += ["--port", str(self.port), *args]
+        if kind == "mlxserve" and "--speculation" not in args:
+            # The random bench models' greedy output repeats itself: speculation's best
+            # case, measured on its own by bench/speculation.py, not in every comparison.
+            command += ["--speculation", "off"]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

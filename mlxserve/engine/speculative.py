@@ -1,8 +1,8 @@
 """Speculative decoding from the context (prompt lookup), inside the continuous batch.
 
 Much of what an agent writes repeats what it has read. Each step, a sequence looks up the
-last few tokens it has in its own context (prompt and output so far); where they occurred
-before, the tokens that followed are its draft. One forward pass then processes every
+last few tokens of its own context (prompt and output so far); where they occurred
+before, the tokens that followed predict its next token and draft those after it. One forward pass then processes every
 sequence's next token and its draft together (B x (1 + longest draft)); each sequence keeps
 the drafted tokens its own sampler agrees with, plus the sampler's token at the first
 disagreement, and the positions it did not keep are rolled out of its row of the batch KV
@@ -63,21 +63,25 @@ class NgramDrafter:
         self._pause = 0  # steps left without drafting
         self._misses = 0  # drafts rejected outright in a row
 
-    def propose(self, context: list[int], last: int, limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the latest earlier occurrence of the
-        context's last n tokens; `context` holds the tokens in the cache, `last` the token
-        about to be processed after them."""
+    def propose(self, context: list[int], limit: int) -> list[int]:
+        """The tokens that followed the latest earlier occurrence of the context's last n
+        tokens: a prediction of the next token (sampled, not yet known here) and up to
+        `limit` drafted after it. Where the occurrence is recent, the prediction runs on
+        over its own tokens, so a repeating stretch is drafted at full length."""
         if self._pause:
             self._pause -= 1
             return []
         self._catch_up(context)
         for n in NGRAM_SIZES:
-            if n - 1 > len(context):
-                continue
-            key = (*context[len(context) - n + 1 :], last)
-            end = self._index.get(key)
+            end = self._index.get(tuple(context[-n:])) if len(context) > n else None
             if end is not None:
-                return context[end : end + min(self.length, limit)]
+                predicted: list[int] = []
+                for position in range(end, end + 1 + min(self.length, limit)):
+                    known = position < len(context)
+                    predicted.append(
+                        context[position] if known else predicted[position - len(context)]
+                    )
+                return predicted
         return []
 
     def record(self, drafted: int, accepted: int) -> None:
@@ -95,8 +99,8 @@ class NgramDrafter:
             self._misses = 0
 
     def _catch_up(self, context: list[int]) -> None:
-        """Index the n-grams that end before the context's last token (each has a token
-        after it to draft from)."""
+        """Index the n-grams that end before the context's end (each has a token after it
+        to predict from)."""
         for end in range(max(self._indexed, 1), len(context)):
             for n in NGRAM_SIZES:
                 if end >= n:
@@ -118,54 +122,61 @@ class SpeculativeBatch(GenerationBatch):
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
-        nexts = self._next_tokens.tolist()
-        drafts = self._drafts(nexts)
-        if not any(drafts):
+        predictions = self._predictions()
+        if not any(predictions):
             return super().next()
-        return self._verify(nexts, drafts)
+        return self._verify(predictions)
 
     # Drafting -----------------------------------------------------------------------------
 
-    def _drafts(self, nexts: list[int]) -> list[list[int]]:
-        """Each row's draft after its next token (none for rows with logits processors,
-        or at their token limit)."""
+    def _predictions(self) -> list[list[int]]:
+        """Each row's prediction of its next token and its draft after it (none for rows
+        whose logits processors follow the tokens, or at their token limit). Predicting
+        the next token too keeps drafting from waiting for it: it is still being computed
+        (mlx-lm's step starts the next token before it returns this one)."""
         drafters = self._drafters
         self._drafters = {}
-        drafts = []
+        predictions = []
         for i, uid in enumerate(self.uids):
             drafter = drafters.get(uid) or NgramDrafter(self.speculation.max_draft)
             self._drafters[uid] = drafter
             room = self.max_tokens[i] - self._num_tokens[i] - 1  # the next token counts one
             if not _per_position(self.logits_processors[i]) or room <= 0:
-                drafts.append([])
+                predictions.append([])
             else:
-                drafts.append(drafter.propose(self.tokens[i], nexts[i], room))
-        return drafts
+                predicted = drafter.propose(self.tokens[i], room)
+                predictions.append(predicted if len(predicted) > 1 else [])
+        return predictions
 
     # Verifying ----------------------------------------------------------------------------
 
-    def _verify(self, nexts: list[int], drafts: list[list[int]]) -> list[GenerationBatch.Response]:
+    def _verify(self, predictions: list[list[int]]) -> list[GenerationBatch.Response]:
+        """One pass over each row's next token and its draft; each row keeps what its
+        sampler agrees with (nothing drafted where the next token was not as predicted)."""
+        drafts = [p[1:] for p in predictions]
         width = 1 + max(len(d) for d in drafts)
-        rows = [[t, *d] + [t] * (width - 1 - len(d)) for t, d in zip(nexts, drafts, strict=True)]
-        inputs = mx.array(rows, dtype=self._next_tokens.dtype)
+        dtype = self._next_tokens.dtype
+        padded = mx.array([d + [0] * (width - 1 - len(d)) for d in drafts], dtype=dtype)
+        inputs = mx.concatenate([self._next_tokens[:, None], padded], axis=1)
         logits = self._processed(inputs, self.model(inputs, cache=self.prompt_cache))
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = self._sample(logprobs, [len(d) + 1 for d in drafts])
-        mx.eval(sampled, self._next_logprobs)
-        chosen = sampled.tolist()
+        mx.eval(sampled, inputs, self._next_logprobs)
+        chosen, nexts = sampled.tolist(), self._next_tokens.tolist()
 
         kept: list[list[int]] = []  # per row: the tokens this step puts in the cache
         reasons: list[str | None] = []
         after: list[tuple[int, int]] = []  # per row: the next token and its position
-        for i, draft in enumerate(drafts):
+        for i, (predicted, draft) in enumerate(zip(predictions, drafts, strict=True)):
+            usable = draft if predicted and predicted[0] == nexts[i] else []
             accepted = 0
-            while accepted < len(draft) and chosen[i][accepted] == draft[accepted]:
+            while accepted < len(usable) and chosen[i][accepted] == usable[accepted]:
                 accepted += 1
             if draft:
                 self._drafters[self.uids[i]].record(len(draft), accepted)
                 self.counts.drafted += len(draft)
                 self.counts.accepted += accepted
-            tokens, reason = self._until_finish(i, [nexts[i], *draft[:accepted]])
+            tokens, reason = self._until_finish(i, [nexts[i], *usable[:accepted]])
             kept.append(tokens)
             reasons.append(reason)
             after.append((chosen[i][accepted], accepted))

@@ -5,17 +5,23 @@ from __future__ import annotations
 from mlxserve.engine.speculative import MAX_BACKOFF_STEPS, NgramDrafter
 
 
-def test_the_draft_follows_the_latest_earlier_occurrence_of_the_longest_ngram():
-    # (2, 3) occurred twice before; the later occurrence is followed by 9, 5
-    assert NgramDrafter(8).propose([2, 3, 7, 2, 3, 9, 5, 2], 3, limit=2) == [9, 5]
+def test_the_prediction_follows_the_latest_earlier_occurrence_of_the_longest_ngram():
+    # (2, 3) occurred twice before the end; the later occurrence is followed by 9, 5, 2
+    assert NgramDrafter(8).propose([2, 3, 7, 2, 3, 9, 5, 2, 3], limit=2) == [9, 5, 2]
     # (5, 2, 3) occurred once, earlier: the longer match wins
-    assert NgramDrafter(8).propose([5, 2, 3, 7, 2, 3, 9, 5, 2], 3, limit=4) == [7, 2, 3, 9]
+    context = [5, 2, 3, 7, 2, 3, 9, 5, 2, 3]
+    assert NgramDrafter(8).propose(context, limit=4) == [7, 2, 3, 9, 5]
 
 
-def test_no_draft_without_an_earlier_occurrence_and_none_past_the_limit():
-    drafter = NgramDrafter(max_draft=8)
-    assert drafter.propose([1, 2, 3, 4], 5, limit=8) == []
-    assert drafter.propose(list(range(10)) * 2, 0, limit=2) == [1, 2]
+def test_a_recent_occurrence_runs_on_over_its_own_prediction():
+    """A repeating stretch (a loop, a column of equal lines) is drafted at full length."""
+    assert NgramDrafter(8).propose([1, 2, 3, 4, 4, 4, 4], limit=8) == [4] * 5
+    assert NgramDrafter(8).propose([9, 1, 2, 1, 2, 1, 2], limit=8) == [1, 2, 1, 2, 1]
+
+
+def test_no_prediction_without_an_earlier_occurrence_and_none_past_the_limit():
+    assert NgramDrafter(8).propose([1, 2, 3, 4], limit=8) == []
+    assert NgramDrafter(8).propose(list(range(10)) * 2, limit=2) == [0, 1, 2]
 
 
 def test_the_length_grows_while_drafts_are_accepted_and_shrinks_to_what_was():
@@ -34,10 +40,10 @@ def test_drafting_pauses_longer_after_each_outright_rejection():
     for _ in range(7):
         drafter.record(drafted=1, accepted=0)
         steps = 0
-        while not drafter.propose(repeating, 1, limit=8):
+        while not drafter.propose(repeating, limit=8):
             steps += 1
         pauses.append(steps)
     assert pauses == [2, 4, 8, 16, 32, MAX_BACKOFF_STEPS, MAX_BACKOFF_STEPS]
     drafter.record(drafted=1, accepted=1)  # an acceptance ends the backoff
     drafter.record(drafted=1, accepted=0)
-    assert sum(1 for _ in range(2) if not drafter.propose(repeating, 1, limit=8)) == 2
+    assert sum(1 for _ in range(2) if not drafter.propose(repeating, limit=8)) == 2
