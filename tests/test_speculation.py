@@ -191,3 +191,30 @@ def test_caches_that_cannot_drop_rejected_drafts_do_not_speculate(launch, hybrid
     assert status == 200, answer
     names = {name for name, _ in metrics(srv)}
     assert not any("speculative" in name for name in names)
+
+
+@pytest.mark.parametrize("draft", ["tiny_model", "echo_model"], ids=["itself", "another"])
+def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
+    """With a draft model the model batches as any other: every reply is its trained reply,
+    alone, from the prompt cache, and all at once beside a running stream. Drafting with
+    the model itself accepts (nearly) every draft, which also shows that the draft's
+    caches stay aligned with the model's through the prompt cache and the batch."""
+    srv = launch(tiny_model, "--draft-model", str(request.getfixturevalue(draft)))
+    drafted = lambda: sum(  # noqa: E731
+        v for (name, _), v in metrics(srv).items() if name.endswith("_drafted_tokens_total")
+    )
+    expected = [(c.message, c.request) for c in CONVERSATIONS]
+    for _ in range(2):  # the second time from the prompt cache
+        for message, body in expected:
+            assert reply(srv, body)[0]["message"] == message
+    background = endless_stream(srv, tiny_model, ENDS["tiny_model"])
+    try:
+        batched = concurrently(
+            lambda body: reply(srv, body)[0]["message"], [b for _, b in expected]
+        )
+    finally:
+        background.close()
+    assert batched == [m for m, _ in expected]
+    assert drafted() > 0
+    if draft == "tiny_model":
+        assert accepted(srv) >= 0.97 * drafted()  # 89% when the draft lags a token

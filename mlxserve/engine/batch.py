@@ -20,7 +20,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.engine.jobs import GenerationJob
-from mlxserve.engine.memory import measure_footprint
+from mlxserve.engine.memory import KVFootprint, measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
 from mlxserve.engine.quantized_cache import KVQuantization
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
@@ -47,10 +47,19 @@ def reserved_tokens(job: GenerationJob) -> int:
 
 def can_batch(loaded: LoadedModel) -> bool:
     """Batching (mlx-lm's BatchGenerator) needs a text model whose caches merge into
-    batch caches, and no draft model."""
-    if loaded.draft_model is not None or loaded.spec.vision:
+    batch caches; with a draft model, caches that can drop the drafts they reject."""
+    if loaded.spec.vision:
         return False
-    return all(hasattr(c, "merge") for c in make_prompt_cache(loaded.model))
+    caches = _fresh_caches(loaded)
+    if not all(hasattr(c, "merge") for c in caches):
+        return False
+    return loaded.draft_model is None or all(type(c) is KVCache for c in caches)
+
+
+def _fresh_caches(loaded: LoadedModel) -> list[Any]:
+    """A sequence's empty caches: the model's, then its draft model's if it has one."""
+    models = [loaded.model, loaded.draft_model]
+    return [c for m in models if m is not None for c in make_prompt_cache(m)]
 
 
 @dataclass
@@ -93,10 +102,14 @@ class BatchSession:
         cache: PromptCache,
         limits: BatchLimits,
         trim_prompt_cache: Callable[[], None] = lambda: None,
+        draft_tokens: int = 3,
     ):
         """`trim_prompt_cache`: called when KV caches grew or were set free, for the
-        prompt cache to give way within the budget (the worker knows every model's)."""
+        prompt cache to give way within the budget (the worker knows every model's);
+        `draft_tokens`: drafted per step by the model's draft model, if it has one."""
         self._loaded = loaded
+        self._layers = len(make_prompt_cache(loaded.model))  # the model's own caches
+        self._draft_tokens = draft_tokens
         self._cache = cache
         self._limits = limits
         self._trim_prompt_cache = trim_prompt_cache
@@ -114,7 +127,12 @@ class BatchSession:
             self.checkpoints = any(type(c) is not KVCache for c in fresh)
             if self._quantization is not None:
                 fresh = self._quantization.quantized(fresh)
-            self.footprint = measure_footprint(loaded.model, fresh)
+            self.footprint = measure_footprint(loaded.model, fresh[: self._layers])
+            if loaded.draft_model is not None:
+                draft = measure_footprint(loaded.draft_model, fresh[self._layers :])
+                self.footprint = KVFootprint(
+                    self.footprint.per_token + draft.per_token, self.footprint.fixed + draft.fixed
+                )
         except ValueError as e:  # a head that cannot be split into quantization groups
             raise bad_request(
                 f"This model's KV cache cannot be quantized with --kv-bits "
@@ -136,6 +154,9 @@ class BatchSession:
         """Prompt-lookup drafts in the decode step, when asked for (or, with "auto", when
         verifying a draft costs this device less than half the steps it can save). Caches
         that cannot be trimmed back (see `checkpoints`) cannot drop rejected drafts."""
+        draft_model = self._loaded.draft_model
+        if draft_model is not None:  # asked for by name: its drafts, whatever the device
+            return speculate_in(self._generator, Speculation(self._draft_tokens), draft_model)
         mode, width = self._limits.speculation, self._limits.max_draft + 1
         if mode == "off" or self._limits.max_draft <= 0:
             return None
@@ -253,7 +274,10 @@ class BatchSession:
             self._process_chunk(self._admitted[index], tokens)
         for admitted in [self._admitted[i] for i in plan.insert]:
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
-            if self.checkpoints or self._quantization is not None:
+            # The draft model's caches take the prompt here too; the batch feeds only the
+            # model.
+            draft = self._loaded.draft_model is not None
+            if self.checkpoints or self._quantization is not None or draft:
                 self._to_last_token(admitted)
             hit = admitted.hit
             for i, job in enumerate(jobs):
@@ -295,7 +319,10 @@ class BatchSession:
             count, done = stop - done, stop
             if count <= 0:
                 continue
-            self._loaded.model(mx.array(hit.rest[:count])[None], cache=hit.cache)
+            tokens = mx.array(hit.rest[:count])[None]
+            self._loaded.model(tokens, cache=hit.cache[: self._layers])
+            if self._loaded.draft_model is not None:
+                self._loaded.draft_model(tokens, cache=hit.cache[self._layers :])
             mx.eval([c.state for c in hit.cache])
             hit.rest = hit.rest[count:]
             if stop in marks:
@@ -318,7 +345,7 @@ class BatchSession:
                     self._cache.store(self._key, admitted.processed(), admitted.hit.cache)
 
     def _fresh(self) -> list[Any]:
-        return make_prompt_cache(self._loaded.model)
+        return _fresh_caches(self._loaded)
 
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer

@@ -117,6 +117,7 @@ class SpeculativeBatch(GenerationBatch):
         super().__init__(*args, **kwargs)
         self.speculation = Speculation()
         self.counts = SpeculationCounts()
+        self.layers: int | None = None  # the model's caches: the first `layers` (None: all)
         self._drafters: dict[int, NgramDrafter] = {}
 
     def next(self) -> list[GenerationBatch.Response]:
@@ -125,7 +126,12 @@ class SpeculativeBatch(GenerationBatch):
         predictions = self._predictions()
         if not any(predictions):
             return super().next()
-        return self._verify(predictions)
+        drafts = [p[1:] for p in predictions]
+        width = 1 + max(len(d) for d in drafts)
+        padded = [d + [0] * (width - 1 - len(d)) for d in drafts]
+        drafted = mx.array(padded, dtype=self._next_tokens.dtype)
+        expected = [p[0] if p else None for p in predictions]
+        return self._verify(drafted, [len(d) for d in drafts], expected)
 
     # Drafting -----------------------------------------------------------------------------
 
@@ -148,32 +154,37 @@ class SpeculativeBatch(GenerationBatch):
                 predictions.append(predicted if len(predicted) > 1 else [])
         return predictions
 
+    def _record(self, row: int, drafted: int, accepted: int) -> None:
+        self._drafters[self.uids[row]].record(drafted, accepted)
+
     # Verifying ----------------------------------------------------------------------------
 
-    def _verify(self, predictions: list[list[int]]) -> list[GenerationBatch.Response]:
-        """One pass over each row's next token and its draft; each row keeps what its
-        sampler agrees with (nothing drafted where the next token was not as predicted)."""
-        drafts = [p[1:] for p in predictions]
-        width = 1 + max(len(d) for d in drafts)
-        dtype = self._next_tokens.dtype
-        padded = mx.array([d + [0] * (width - 1 - len(d)) for d in drafts], dtype=dtype)
-        inputs = mx.concatenate([self._next_tokens[:, None], padded], axis=1)
-        logits = self._processed(inputs, self.model(inputs, cache=self.prompt_cache))
+    def _verify(
+        self, drafted: mx.array, lengths: list[int], expected: list[int | None]
+    ) -> list[GenerationBatch.Response]:
+        """One pass over each row's next token and its draft (`drafted`: B x longest draft,
+        row i's first `lengths[i]` count); each row keeps what its sampler agrees with, and
+        nothing drafted where `expected[i]` (if given) is not its next token."""
+        inputs = mx.concatenate([self._next_tokens[:, None], drafted], axis=1)
+        width = inputs.shape[1]
+        logits = self.model(inputs, cache=self.prompt_cache[: self.layers])
+        logits = self._processed(inputs, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        sampled = self._sample(logprobs, [len(d) + 1 for d in drafts])
+        sampled = self._sample(logprobs, [n + 1 for n in lengths])
         mx.eval(sampled, inputs, self._next_logprobs)
-        chosen, nexts = sampled.tolist(), self._next_tokens.tolist()
-
+        chosen, rows = sampled.tolist(), inputs.tolist()
+        nexts = [row[0] for row in rows]
+        drafts = [row[1 : 1 + n] for row, n in zip(rows, lengths, strict=True)]
         kept: list[list[int]] = []  # per row: the tokens this step puts in the cache
         reasons: list[str | None] = []
         after: list[tuple[int, int]] = []  # per row: the next token and its position
-        for i, (predicted, draft) in enumerate(zip(predictions, drafts, strict=True)):
-            usable = draft if predicted and predicted[0] == nexts[i] else []
+        for i, draft in enumerate(drafts):
+            usable = draft if expected[i] in (None, nexts[i]) else []
             accepted = 0
             while accepted < len(usable) and chosen[i][accepted] == usable[accepted]:
                 accepted += 1
             if draft:
-                self._drafters[self.uids[i]].record(len(draft), accepted)
+                self._record(i, len(draft), accepted)
                 self.counts.drafted += len(draft)
                 self.counts.accepted += accepted
             tokens, reason = self._until_finish(i, [nexts[i], *usable[:accepted]])
@@ -284,14 +295,76 @@ class SpeculativeBatch(GenerationBatch):
         return responses
 
 
+class DraftModelBatch(SpeculativeBatch):
+    """The batch of a model served with a draft model: each step the draft model writes
+    `max_draft` tokens for every row (greedily: one token with certainty, so the same
+    acceptance rule holds), and the model verifies them in one pass.
+
+    Each row's cache list is the model's caches followed by the draft model's (as in
+    mlx-lm's speculative decoding and the prompt cache). The draft's caches hold one token
+    less than the model's: the batch takes a prompt's last token into the model alone, and
+    each step the draft takes the model's last token with the next one. A verified pass
+    adds as many positions to both, and each row drops as many of them (the drafted tokens
+    it did not keep), so one roll-back serves both; a step without drafts feeds the draft
+    the token the model took."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.draft_model: Any = None
+
+    def next(self) -> list[GenerationBatch.Response]:
+        if not self.uids:
+            return []
+        drafting = [_per_position(p) for p in self.logits_processors]
+        if not any(drafting):
+            return GenerationBatch.next(self)
+        draft_caches = self.prompt_cache[self.layers :]
+        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self._next_tokens.dtype)
+        fed = mx.stack([last, self._next_tokens], axis=1)
+        drafted = []
+        for _ in range(self.speculation.max_draft):
+            logits = self.draft_model(fed, cache=draft_caches)[:, -1, :]
+            fed = mx.argmax(logits, axis=-1).astype(self._next_tokens.dtype)[:, None]
+            drafted.append(fed)
+        lengths = [self.speculation.max_draft if d else 0 for d in drafting]
+        return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
+
+    def _step(self):
+        """mlx-lm's step, and the draft model takes the same token."""
+        result = super()._step()
+        mx.async_eval(
+            self.draft_model(self._current_tokens[:, None], cache=self.prompt_cache[self.layers :])
+        )
+        return result
+
+    def extract_cache(self, idx: int) -> list[Any]:
+        """A row's caches for the prompt cache, the draft's brought level with the
+        model's (both then hold the row's tokens)."""
+        caches = super().extract_cache(idx)
+        last = mx.array([[self.tokens[idx][-1]]])
+        self.draft_model(last, cache=caches[self.layers :])
+        return caches
+
+    def _record(self, row: int, drafted: int, accepted: int) -> None:
+        """The draft length is the server's (`--num-draft-tokens`)."""
+
+
 def _per_position(processors) -> bool:
     """Whether a row's processors (if any) apply to each position alike."""
     return all(getattr(p, "per_position", False) for p in processors)
 
 
-def speculate_in(generator: BatchGenerator, speculation: Speculation) -> SpeculationCounts:
-    """Give `generator` a speculative generation batch; returns its running counts."""
-    batch = SpeculativeBatch.empty(generator.model, generator.sampler)
+def speculate_in(
+    generator: BatchGenerator, speculation: Speculation, draft_model: Any = None
+) -> SpeculationCounts:
+    """Give `generator` a speculative generation batch (drafting from the context, or with
+    `draft_model`); returns its running counts."""
+    if draft_model is None:
+        batch = SpeculativeBatch.empty(generator.model, generator.sampler)
+    else:
+        batch = DraftModelBatch.empty(generator.model, generator.sampler)
+        batch.draft_model = draft_model
+        batch.layers = len(make_prompt_cache(generator.model))
     batch.speculation = speculation
     # mlx-lm keeps its generation batch in a private attribute and extends it in place.
     generator._generation_batch = batch

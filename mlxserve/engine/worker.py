@@ -316,12 +316,19 @@ class GenerationWorker:
         if budget is not None and budget <= self._provider.weight_bytes():
             raise self._too_large(loaded.spec.path.name, loaded.nbytes)
         if not can_batch(loaded):
-            why = "a vision model" if loaded.spec.vision else "a draft model"
+            why = (
+                "a vision model"
+                if loaded.spec.vision
+                else "a draft model beside caches that cannot drop its rejected drafts"
+            )
             log.info("Serving %s one request at a time (%s)", loaded.spec.path, why)
             if loaded.spec.vision:  # the disk format is mlx-lm's cache classes
                 self._cache.keep_off_disk(loaded.spec.key)
             return StreamSession(loaded, self._cache, self._limits.prefill_chunk)
-        return BatchSession(loaded, self._cache, self._limits, self._trim_prompt_cache)
+        draft_tokens = self._provider.config_for(loaded.spec).num_draft_tokens
+        return BatchSession(
+            loaded, self._cache, self._limits, self._trim_prompt_cache, draft_tokens
+        )
 
     def _too_large(self, name: str, weight_bytes: int) -> ServiceError:
         return bad_request(
