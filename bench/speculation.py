@@ -1,10 +1,11 @@
-"""Decoding speed with prompt-lookup speculation on and off, against mlx_lm.server.
+"""Decoding speed with speculation on and off, against mlx_lm.server.
 
-Three workloads, one streamed reply each (and `--streams` at once for the batch line):
+Workloads, one streamed reply each (and `--streams` at once for the batch line):
 - repeating: greedy decoding of the random-weight bench model, which settles into
   repeating its own output (the best case: every draft is accepted);
 - sampled: temperature 1.0 on the same model, output that repeats nothing (drafts are
   rare and rejected: the cost of speculating where it cannot help);
+- with a draft model: the 7M bench model drafting for the 50M one (both servers);
 - copy: the tiny-echo test fixture's conversation, a trained model writing back the
   code it was given (an agent rewriting a file); tiny, so per-step overhead dominates.
 
@@ -47,9 +48,11 @@ def accepted_share(target: Target) -> str:
     return f"{counts['accepted']:.0f}/{counts['drafted']:.0f} drafted tokens accepted"
 
 
-def measure(workloads: dict, path: Path, rounds: int, bias: dict) -> None:
-    """`workloads`: label -> (messages, max tokens, temperature, streams at once)."""
-    targets = {name: Target(kind, path, *flags) for name, (kind, flags) in TARGETS.items()}
+def measure(workloads: dict, path: Path, rounds: int, bias: dict, servers: dict = TARGETS) -> None:
+    """`workloads`: label -> (messages, max tokens, temperature, streams at once);
+    `servers`: name -> (kind, flags), the last one the reference."""
+    targets = {name: Target(kind, path, *flags) for name, (kind, flags) in servers.items()}
+    first, *_, reference_name = servers
     speeds: dict[tuple[str, str], list[float]] = {}
     try:
         for _ in range(rounds):
@@ -67,13 +70,13 @@ def measure(workloads: dict, path: Path, rounds: int, bias: dict) -> None:
                         ).decode_tps
                     speeds.setdefault((label, name), []).append(speed)
         for label in workloads:
-            reference = statistics.median(speeds[(label, "mlx_lm.server")])
+            reference = statistics.median(speeds[(label, reference_name)])
             cells = []
             for name in targets:
                 median = statistics.median(speeds[(label, name)])
                 cells.append(f"{name} {median:6.1f} tok/s ({median / reference:4.2f}x)")
             print(f"  {label:14}" + "   ".join(cells))
-        print(f"  mlxserve on: {accepted_share(targets['mlxserve on'])}")
+        print(f"  {first}: {accepted_share(targets[first])}")
     finally:
         for target in targets.values():
             target.stop()
@@ -102,6 +105,14 @@ def main() -> None:
         f"sampled {args.streams}x": (prompt, args.tokens, 1.0, args.streams),
     }
     measure(workloads, path, args.rounds, w.logit_bias)
+
+    draft = models.build(models.MODELS["7m"], dtype)
+    flags = ("--draft-model", str(draft), "--num-draft-tokens", "3")
+    print(f"\n{path.name} with {draft.name} as its draft model (their greedy outputs differ:")
+    print("drafts are mostly rejected; what this measures is batching with a draft model)")
+    servers = {"mlxserve": ("mlxserve", flags), "mlx_lm.server": ("mlx_lm.server", flags)}
+    drafted = {k: v for k, v in workloads.items() if k.startswith("repeating")}
+    measure(drafted, path, args.rounds, w.logit_bias, servers)
 
     fixtures = Path(__file__).parents[1] / "tests" / "fixtures"
     sys.path.insert(0, str(fixtures))

@@ -9,7 +9,7 @@ exercises it."""
 from __future__ import annotations
 
 import pytest
-from conversations import CONVERSATIONS, ECHO, ECHO_CODE, ECHO_CONVERSATIONS
+from conversations import BY_NAME, CONVERSATIONS, ECHO, ECHO_CODE, ECHO_CONVERSATIONS
 from test_batching import ENDS, concurrently, endless_stream
 from test_observability import metrics
 from test_structured import NO_THINKING, constrained
@@ -218,3 +218,18 @@ def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
     assert drafted() > 0
     if draft == "tiny_model":
         assert accepted(srv) >= 0.97 * drafted()  # 89% when the draft lags a token
+        # Steps without drafts (every row follows a penalty) keep the draft aligned too:
+        # the conversation continued from such a reply's cached caches drafts as well.
+        story = BY_NAME["story"]
+        status, _, first = srv.post(CHAT, {**story.request, "frequency_penalty": 1e-6})
+        assert status == 200
+        turn = [
+            *story.messages,
+            first["choices"][0]["message"],
+            {"role": "user", "content": "Tell me a story."},
+        ]
+        before = (accepted(srv), drafted())
+        status, _, second = srv.post(CHAT, {"messages": turn, "max_tokens": 60})
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 150
+        gained = (accepted(srv) - before[0], drafted() - before[1])
+        assert gained[0] >= 0.97 * gained[1] > 0

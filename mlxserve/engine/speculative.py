@@ -305,8 +305,8 @@ class DraftModelBatch(SpeculativeBatch):
     less than the model's: the batch takes a prompt's last token into the model alone, and
     each step the draft takes the model's last token with the next one. A verified pass
     adds as many positions to both, and each row drops as many of them (the drafted tokens
-    it did not keep), so one roll-back serves both; a step without drafts feeds the draft
-    the token the model took."""
+    it did not keep), so one roll-back serves both; a step without drafts (every row has
+    processors that follow the tokens) feeds the draft the model's last token before it."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -330,11 +330,11 @@ class DraftModelBatch(SpeculativeBatch):
         return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
 
     def _step(self):
-        """mlx-lm's step, and the draft model takes the same token."""
+        """mlx-lm's step; the draft model takes the model's last token before it, staying
+        one token behind."""
+        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self._next_tokens.dtype)
         result = super()._step()
-        mx.async_eval(
-            self.draft_model(self._current_tokens[:, None], cache=self.prompt_cache[self.layers :])
-        )
+        mx.async_eval(self.draft_model(last[:, None], cache=self.prompt_cache[self.layers :]))
         return result
 
     def extract_cache(self, idx: int) -> list[Any]:
