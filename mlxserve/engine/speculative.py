@@ -31,6 +31,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxserve.compat import install_generation_batch
+
 NGRAM_SIZES = (4, 3, 2)  # the context's last n tokens looked up, longest first
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
 MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
@@ -366,8 +368,7 @@ def speculate_in(
         batch.draft_model = draft_model
         batch.layers = len(make_prompt_cache(generator.model))
     batch.speculation = speculation
-    # mlx-lm keeps its generation batch in a private attribute and extends it in place.
-    generator._generation_batch = batch
+    install_generation_batch(generator, batch)
     return batch.counts
 
 

@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx_vlm.generate import generate_step
 from mlx_vlm.models.cache import make_prompt_cache
 
+from mlxserve.compat import forget_vision_positions
 from mlxserve.engine.jobs import GenerationJob, PromptImages
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
@@ -33,7 +34,7 @@ def generate_vision(
     images = job.images or _text_only(job.prompt)
     language_model = loaded.model.language_model
     prompt = mx.array(job.prompt)[None]
-    _forget_positions(language_model)
+    forget_vision_positions(language_model)
 
     def new_cache() -> list[Any]:
         return make_prompt_cache(language_model)
@@ -65,13 +66,6 @@ def generate_vision(
 
 def _text_only(prompt: list[int]) -> PromptImages:
     return PromptImages(None, {}, None, list(prompt), ())
-
-
-def _forget_positions(language_model: Any) -> None:
-    """Qwen-VL language models keep the last request's positions; this one has its own."""
-    for name in ("_position_ids", "_rope_deltas"):
-        if hasattr(language_model, name):
-            setattr(language_model, name, None)
 
 
 def _positions(language_model: Any, prompt: mx.array, images: PromptImages) -> dict | None:

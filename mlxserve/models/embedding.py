@@ -115,10 +115,12 @@ def load_embedding_model(path: Path, pad_id: int, trust_remote_code: bool) -> Em
 def _decoder(path: Path, trust_remote_code: bool) -> Any:
     """An mlx-lm model whose weights may lack the LM head and the "model." prefix (the
     checkpoints of embedding models hold the bare transformer)."""
-    from mlx_lm.utils import _get_classes, load_model
+    from mlx_lm.utils import load_model
+
+    from mlxserve.compat import model_classes
 
     def headless(config: dict):
-        model_class, args_class = _get_classes(config)
+        model_class, args_class = model_classes(config)
 
         class Headless(model_class):
             def sanitize(self, weights: dict) -> dict:

@@ -9,7 +9,7 @@ import json
 import re
 from functools import lru_cache
 
-from mlx_lm.tokenizer_utils import _byte_decoder
+from mlxserve.compat import byte_decoder
 
 BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -67,7 +67,7 @@ class TokenBytes:
                 return bytes([int(match.group(1), 16)])
             if self._marker:
                 return piece.replace(self._marker, " ").encode("utf-8")
-            decoder = _byte_decoder()
+            decoder = byte_decoder()
             if piece and all(c in decoder for c in piece):
                 return bytes(decoder[c] for c in piece)
         return self._tokenizer.decode([token]).encode("utf-8")

@@ -8,6 +8,8 @@ from pathlib import Path
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
+from mlxserve.compat import detokenizer_prototype, hf_tokenizer, set_detokenizer_prototype
+
 # Tokens that end an assistant turn in common chat templates; any in the vocab stop generation.
 TURN_END_TOKENS = (
     "<|im_end|>",
@@ -21,7 +23,8 @@ TURN_END_TOKENS = (
 
 class ExactBPEDetokenizer(BPEStreamingDetokenizer):
     """mlx-lm's byte-level detokenizer drops the first leading space of a reply, which
-    corrupts text completions (" Paris" becomes "Paris"); keep the text exactly."""
+    corrupts text completions (" Paris" becomes "Paris"); keep the text exactly (the hook
+    is `compat.TRIM_SPACE_HOOK`)."""
 
     def _maybe_trim_space(self, current_text: str) -> str:
         return current_text
@@ -33,8 +36,8 @@ def load_text_tokenizer(path: Path, trust_remote_code: bool) -> TokenizerWrapper
     tokenizer = load_tokenizer(path, extra, eos_token_ids=config.get("eos_token_id"))
     if not tokenizer.has_chat_template:
         _processor_chat_template(tokenizer, path)
-    if type(tokenizer._detokenizer) is BPEStreamingDetokenizer:
-        tokenizer._detokenizer = ExactBPEDetokenizer(tokenizer._tokenizer)
+    if type(detokenizer_prototype(tokenizer)) is BPEStreamingDetokenizer:
+        set_detokenizer_prototype(tokenizer, ExactBPEDetokenizer(hf_tokenizer(tokenizer)))
     vocab = tokenizer.get_vocab()
     for token in TURN_END_TOKENS:
         if token in vocab:
@@ -47,5 +50,5 @@ def _processor_chat_template(tokenizer: TokenizerWrapper, path: Path) -> None:
     rather than in the tokenizer's config."""
     from mlx_vlm.models.base import load_chat_template
 
-    load_chat_template(tokenizer._tokenizer, path)
-    tokenizer.has_chat_template = tokenizer._tokenizer.chat_template is not None
+    load_chat_template(hf_tokenizer(tokenizer), path)
+    tokenizer.has_chat_template = hf_tokenizer(tokenizer).chat_template is not None

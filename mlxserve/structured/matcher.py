@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
+from mlxserve.compat import hf_tokenizer
 from mlxserve.structured.token_table import VocabularyTable
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
     (a Metaspace decoder, no tokenizer.json) get a token table built from the vocabulary."""
     ends = sorted(tokenizer.eos_token_ids)
     try:
-        return llguidance.hf.from_tokenizer(tokenizer._tokenizer, eos_token=ends)
+        return llguidance.hf.from_tokenizer(hf_tokenizer(tokenizer), eos_token=ends)
     except (ValueError, RuntimeError) as e:
         log.info("Building the grammar token table from the vocabulary (%s)", e)
         table = VocabularyTable.of(tokenizer)

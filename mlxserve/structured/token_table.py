@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
+from mlxserve.compat import hf_tokenizer
 from mlxserve.models.token_bytes import token_bytes
 
 # llguidance reads a token whose bytes start with 0xFF (never valid UTF-8) as special.
@@ -34,7 +35,7 @@ class VocabularyTable:
     @classmethod
     def of(cls, tokenizer) -> VocabularyTable:
         """The table of an mlx-lm tokenizer (its Hugging Face tokenizer inside)."""
-        hf = tokenizer._tokenizer
+        hf = hf_tokenizer(tokenizer)
         # Every added token is special, as llguidance's own reader has it: markup such as
         # <tool_call> is then one token in a grammar, never text spelled another way.
         special = set(hf.added_tokens_decoder) | set(hf.all_special_ids)

@@ -1,0 +1,77 @@
+"""Every reach into mlx-lm's and mlx-vlm's internals, in one place.
+
+mlxserve needs a few names these libraries do not promise to keep (leading underscores,
+the state of their generation classes). Each is named here once, with why; the unit test
+tests/unit/test_compat.py checks every one against the installed versions, so an upgrade
+that moves one fails there, by name, instead of inside a request. pyproject.toml bounds the
+versions tested from above; move the bounds deliberately, with that test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The state of mlx-lm's GenerationBatch that the speculative batch reads and writes
+# (engine/speculative.py): the next tokens and their logprobs, started before the current
+# ones return; the tokens generated, the stop matchers and the processors' contexts.
+GENERATION_BATCH_STATE = (
+    "_next_tokens",
+    "_next_logprobs",
+    "_current_tokens",
+    "_current_logprobs",
+    "_num_tokens",
+    "_matchers",
+    "_token_context",
+    "_step",
+)
+
+# The hook of mlx-lm's byte-level streaming detokenizer that drops a reply's leading
+# space; models/tokenizer.py overrides it to keep text exact.
+TRIM_SPACE_HOOK = "_maybe_trim_space"
+
+# Attributes in which Qwen-VL language models (mlx-vlm) keep the last prompt's positions.
+VISION_POSITION_STATE = ("_position_ids", "_rope_deltas")
+
+
+def hf_tokenizer(wrapper: Any) -> Any:
+    """The Hugging Face tokenizer inside mlx-lm's TokenizerWrapper: llguidance and the
+    vocabulary tables read it, and a processor's chat template is set on it."""
+    return wrapper._tokenizer
+
+
+def detokenizer_prototype(wrapper: Any) -> Any:
+    """The streaming detokenizer the wrapper copies for each sequence."""
+    return wrapper._detokenizer
+
+
+def set_detokenizer_prototype(wrapper: Any, detokenizer: Any) -> None:
+    wrapper._detokenizer = detokenizer
+
+
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (character -> byte), for the bytes of a token."""
+    from mlx_lm.tokenizer_utils import _byte_decoder
+
+    return _byte_decoder()
+
+
+def model_classes(config: dict) -> tuple[type, type]:
+    """mlx-lm's (Model, ModelArgs) for a config, without loading weights (embedding
+    models built headless)."""
+    from mlx_lm.utils import _get_classes
+
+    return _get_classes(config)
+
+
+def install_generation_batch(generator: Any, batch: Any) -> None:
+    """Make `batch` the generation batch of mlx-lm's BatchGenerator (which extends it in
+    place as sequences join)."""
+    generator._generation_batch = batch
+
+
+def forget_vision_positions(language_model: Any) -> None:
+    """Qwen-VL language models keep the last request's positions; the next request
+    computes its own."""
+    for name in VISION_POSITION_STATE:
+        if hasattr(language_model, name):
+            setattr(language_model, name, None)

@@ -1,0 +1,63 @@
+"""Each reach of `mlxserve.compat` into mlx-lm's and mlx-vlm's internals still finds what it
+needs on the installed versions: a failure here names what an upgrade moved."""
+
+from __future__ import annotations
+
+import inspect
+
+import mlx_vlm.models.qwen2_vl.language as qwen2_vl_language
+import pytest
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
+
+from mlxserve import compat
+from mlxserve.models.tokenizer import ExactBPEDetokenizer, load_text_tokenizer
+
+
+@pytest.fixture(scope="module")
+def wrapper(tiny_model):
+    return load_text_tokenizer(tiny_model, trust_remote_code=False)
+
+
+def test_the_hugging_face_tokenizer_inside_the_wrapper(wrapper):
+    hf = compat.hf_tokenizer(wrapper)
+    assert hf.chat_template and hf.convert_ids_to_tokens(hf.encode("Paris"))
+
+
+def test_the_detokenizer_prototype_is_replaced_by_the_exact_one(wrapper):
+    assert type(compat.detokenizer_prototype(wrapper)) is ExactBPEDetokenizer
+    assert callable(getattr(BPEStreamingDetokenizer, compat.TRIM_SPACE_HOOK))
+    detokenizer = wrapper.detokenizer  # a copy of the prototype
+    for token in compat.hf_tokenizer(wrapper).encode(" Paris"):
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    assert detokenizer.text == " Paris"
+
+
+def test_the_byte_level_alphabet():
+    decoder = compat.byte_decoder()
+    assert len(decoder) == 256 and sorted(decoder.values()) == list(range(256))
+
+
+def test_model_classes_from_a_config():
+    model_class, args_class = compat.model_classes({"model_type": "qwen3"})
+    assert (model_class.__name__, args_class.__name__) == ("Model", "ModelArgs")
+
+
+def test_the_generation_batch_state_speculation_uses(tiny_model):
+    from mlx_lm import load
+
+    model, _ = load(str(tiny_model))
+    generator = BatchGenerator(model)
+    assert isinstance(generator._generation_batch, GenerationBatch)
+    batch = GenerationBatch.empty(model, make_sampler())
+    missing = [name for name in compat.GENERATION_BATCH_STATE if not hasattr(batch, name)]
+    assert not missing, f"mlx-lm's GenerationBatch no longer has {missing}"
+    compat.install_generation_batch(generator, batch)
+    assert generator._generation_batch is batch
+
+
+def test_qwen_vl_keeps_positions_where_they_are_forgotten():
+    source = inspect.getsource(qwen2_vl_language)
+    assert all(f"self.{name}" in source for name in compat.VISION_POSITION_STATE)
