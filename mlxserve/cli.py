@@ -15,6 +15,9 @@ from mlxserve.config_file import load_models
 from mlxserve.postprocess import reasoning, tools
 from mlxserve.telemetry.record import RequestIdFilter
 
+DEFAULTS = ServerConfig()  # every flag's default is the config's own
+SAMPLING = DEFAULTS.defaults
+
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -72,13 +75,15 @@ def parser() -> argparse.ArgumentParser:
         help="answer requests for NAME with MODEL (repeatable); a NAME ending in '*' matches "
         "every name it begins, e.g. 'claude-*=demo' for Claude Code",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    p.add_argument("--temp", type=float, default=0.0, help="default temperature")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=int, default=512, help="default max_tokens per request")
+    p.add_argument("--host", default=DEFAULTS.host)
+    p.add_argument("--port", type=int, default=DEFAULTS.port, help="0 picks a free port")
+    p.add_argument("--temp", type=float, default=SAMPLING.temperature, help="default temperature")
+    p.add_argument("--top-p", type=float, default=SAMPLING.top_p)
+    p.add_argument("--top-k", type=int, default=SAMPLING.top_k)
+    p.add_argument("--min-p", type=float, default=SAMPLING.min_p)
+    p.add_argument(
+        "--max-tokens", type=int, default=SAMPLING.max_tokens, help="default max_tokens per request"
+    )
     p.add_argument(
         "--max-context",
         type=positive_int,
@@ -89,13 +94,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chat-template-args",
         type=json.loads,
-        default={},
+        default=DEFAULTS.chat_template_args,
         help="JSON object passed to the chat template",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--adapter-path", help="LoRA adapters to apply to the served model")
     p.add_argument("--draft-model", help="a draft model for speculative decoding")
-    p.add_argument("--num-draft-tokens", type=int, default=3)
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULTS.num_draft_tokens)
     p.add_argument(
         "--model-dir",
         action="append",
@@ -103,7 +108,11 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="a folder whose models clients may load (repeatable)",
     )
-    p.add_argument("--allowed-origins", default="*", help="comma-separated CORS origins")
+    p.add_argument(
+        "--allowed-origins",
+        default=",".join(DEFAULTS.allowed_origins),
+        help="comma-separated CORS origins",
+    )
     p.add_argument(
         "--allowed-hosts",
         help="comma-separated Host header names to answer, or '*' (default: loopback names "
@@ -112,11 +121,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--read-timeout",
         type=float,
-        default=60.0,
+        default=DEFAULTS.read_timeout,
         help="seconds a client may stay silent while sending a request (or idle between "
         "requests on a kept-alive connection) before it is let go",
     )
-    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULTS.max_body_bytes)
     p.add_argument(
         "--api-key",
         default=os.environ.get("MLXSERVE_API_KEY"),
@@ -125,12 +134,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keepalive-seconds",
         type=float,
-        default=5.0,
+        default=DEFAULTS.keepalive_seconds,
         help="send an SSE comment when a stream has been silent this long",
     )
     p.add_argument(
         "--reasoning-format",
-        default="separate",
+        default=DEFAULTS.reasoning_format,
         choices=reasoning.FORMATS,
         help="reasoning as reasoning_content fields (separate), inline <think> tags, "
         "a <details> block, or hidden",
@@ -146,7 +155,10 @@ def parser() -> argparse.ArgumentParser:
         help="override the tool-call format detected from the chat template",
     )
     p.add_argument(
-        "--prompt-cache-size", type=int, default=32, help="prompt prefixes kept in memory"
+        "--prompt-cache-size",
+        type=int,
+        default=DEFAULTS.prompt_cache_size,
+        help="prompt prefixes kept in memory",
     )
     p.add_argument(
         "--prompt-cache-bytes",
@@ -163,22 +175,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompt-cache-disk-gb",
         type=float,
-        default=10.0,
+        default=DEFAULTS.prompt_cache_disk_gb,
         help="size cap of --prompt-cache-dir (oldest used go first)",
     )
     p.add_argument(
-        "--max-concurrent", type=positive_int, default=32, help="most sequences decoding together"
+        "--max-concurrent",
+        type=positive_int,
+        default=DEFAULTS.max_concurrent,
+        help="most sequences decoding together",
     )
     p.add_argument(
         "--max-queue",
         type=positive_int,
-        default=256,
+        default=DEFAULTS.max_queue,
         help="most sequences waiting for a slot; beyond it requests get 503 with Retry-After",
     )
     p.add_argument(
         "--prefill-chunk",
         type=positive_int,
-        default=256,
+        default=DEFAULTS.prefill_chunk,
         help="prompt tokens processed per decode step of the running streams",
     )
     p.add_argument(
@@ -192,20 +207,20 @@ def parser() -> argparse.ArgumentParser:
         "--kv-group-size",
         type=int,
         choices=[32, 64, 128],
-        default=64,
+        default=DEFAULTS.kv_group_size,
         help="values sharing one scale in the quantized KV cache",
     )
     p.add_argument(
         "--speculation",
         choices=["auto", "on", "off"],
-        default="auto",
+        default=DEFAULTS.speculation,
         help="draft tokens from the context (prompt lookup) and verify them in the decode "
         "step; auto: only where this device verifies a draft for less than it saves",
     )
     p.add_argument(
         "--max-draft",
         type=int,
-        default=8,
+        default=DEFAULTS.max_draft,
         help="the most tokens drafted per sequence and step (0: no speculation)",
     )
     p.add_argument(
@@ -232,34 +247,36 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-image-bytes",
         type=positive_int,
-        default=20 * 1024 * 1024,
+        default=DEFAULTS.max_image_bytes,
         help="largest image a request may send or point to",
     )
     p.add_argument(
         "--max-image-pixels",
         type=positive_int,
-        default=2048 * 2048,
+        default=DEFAULTS.max_image_pixels,
         help="larger images are downscaled to this many pixels (aspect kept)",
     )
     p.add_argument(
         "--image-fetch-timeout",
         type=float,
-        default=10.0,
+        default=DEFAULTS.image_fetch_timeout,
         help="seconds allowed for fetching an image URL",
     )
     p.add_argument(
         "--responses-store-size",
         type=int,
-        default=1000,
+        default=DEFAULTS.responses_store_size,
         help="most Responses API responses kept for previous_response_id (0: none)",
     )
     p.add_argument(
         "--responses-store-mb",
         type=positive_float,
-        default=256.0,
+        default=DEFAULTS.responses_store_mb,
         help="most megabytes (as JSON) the stored responses take; least recently used go first",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log-level", default=DEFAULTS.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     p.add_argument("--version", action="version", version=f"mlxserve {__version__}")
     return p
 

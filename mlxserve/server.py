@@ -83,12 +83,12 @@ def build_server(config: ServerConfig) -> MLXServer:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
     limits = BatchLimits(
-        config.max_concurrent,
-        config.prefill_chunk,
-        config.kv_bits,
-        config.kv_group_size,
-        config.speculation,
-        config.max_draft,
+        decode=config.max_concurrent,
+        prefill_chunk=config.prefill_chunk,
+        kv_bits=config.kv_bits,
+        kv_group_size=config.kv_group_size,
+        speculation=config.speculation,
+        max_draft=config.max_draft,
     )
     budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
     capacity = config.max_concurrent + config.max_queue

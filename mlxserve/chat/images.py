@@ -20,6 +20,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from mlxserve.config import ServerConfig
 from mlxserve.protocol.errors import ServiceError, bad_request
 
 MAX_REDIRECTS = 3
@@ -34,10 +35,21 @@ ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
 @dataclass(frozen=True)
 class ImageLimits:
-    max_bytes: int = 20 * 1024 * 1024
-    max_pixels: int = 1024 * 1024  # larger images are downscaled, aspect kept
-    fetch_timeout: float = 10.0
-    allowed_dirs: tuple[Path, ...] = ()  # local files must lie inside one of these
+    """What a request's images may be (their defaults: `config.ServerConfig`)."""
+
+    max_bytes: int
+    max_pixels: int  # larger images are downscaled, aspect kept
+    fetch_timeout: float
+    allowed_dirs: tuple[Path, ...]  # local files must lie inside one of these
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> ImageLimits:
+        return cls(
+            max_bytes=config.max_image_bytes,
+            max_pixels=config.max_image_pixels,
+            fetch_timeout=config.image_fetch_timeout,
+            allowed_dirs=(*config.image_dirs, *config.model_dirs),
+        )
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,7 @@ from mlxserve.engine.quantized_cache import KVQuantization
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
-from mlxserve.engine.speculative import (
-    Speculation,
-    SpeculationCounts,
-    speculate_in,
-    verify_cost,
-)
+from mlxserve.engine.speculative import SpeculationCounts, speculate_in, verify_cost
 from mlxserve.models.provider import LoadedModel
 from mlxserve.protocol.errors import bad_request
 
@@ -62,14 +57,16 @@ def _fresh_caches(loaded: LoadedModel) -> list[Any]:
     return [c for m in models if m is not None for c in make_prompt_cache(m)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchLimits:
-    decode: int = 32  # sequences decoding together
-    prefill_chunk: int = 256  # prompt tokens processed per loop iteration
-    kv_bits: int | None = None  # KV caches quantized to this many bits (None: not)
-    kv_group_size: int = 64
-    speculation: str = "auto"  # prompt-lookup drafts: "auto" where they pay, "on", "off"
-    max_draft: int = 8  # the most tokens drafted per sequence and step
+    """The batch's share of the server's settings (their defaults: `config.ServerConfig`)."""
+
+    decode: int  # sequences decoding together
+    prefill_chunk: int  # prompt tokens processed per loop iteration
+    kv_bits: int | None  # KV caches quantized to this many bits (None: not)
+    kv_group_size: int
+    speculation: str  # prompt-lookup drafts: "auto" where they pay, "on", "off"
+    max_draft: int  # the most tokens drafted per sequence and step
 
 
 @dataclass
@@ -101,8 +98,8 @@ class BatchSession:
         loaded: LoadedModel,
         cache: PromptCache,
         limits: BatchLimits,
-        trim_prompt_cache: Callable[[], None] = lambda: None,
-        draft_tokens: int = 3,
+        trim_prompt_cache: Callable[[], None],
+        draft_tokens: int,
     ):
         """`trim_prompt_cache`: called when KV caches grew or were set free, for the
         prompt cache to give way within the budget (the worker knows every model's);
@@ -156,7 +153,7 @@ class BatchSession:
         that cannot be trimmed back (see `checkpoints`) cannot drop rejected drafts."""
         draft_model = self._loaded.draft_model
         if draft_model is not None:  # asked for by name: its drafts, whatever the device
-            return speculate_in(self._generator, Speculation(self._draft_tokens), draft_model)
+            return speculate_in(self._generator, self._draft_tokens, draft_model)
         mode, width = self._limits.speculation, self._limits.max_draft + 1
         if mode == "off" or self._limits.max_draft <= 0:
             return None
@@ -166,7 +163,7 @@ class BatchSession:
             if cost > width / 2:
                 log.info("Prompt-lookup speculation off for %s: it cannot pay", self.spec.path.name)
                 return None
-        return speculate_in(self._generator, Speculation(self._limits.max_draft))
+        return speculate_in(self._generator, self._limits.max_draft)
 
     @property
     def spec(self):

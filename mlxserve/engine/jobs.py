@@ -74,7 +74,6 @@ class GenerationJob:
     prompt: list[int]
     params: GenerationParams
     index: int = 0
-    num_draft_tokens: int = 3
     images: PromptImages | None = None
     # prompt lengths where a cache that cannot be trimmed back is kept on the way (the end
     # of the system prompt and tools, which new conversations share)

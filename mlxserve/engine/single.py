@@ -28,7 +28,11 @@ class Cancelled(Exception):
 
 
 def generate_single(
-    loaded: LoadedModel, cache: PromptCache, job: GenerationJob, prefill_chunk: int
+    loaded: LoadedModel,
+    cache: PromptCache,
+    job: GenerationJob,
+    prefill_chunk: int,
+    draft_tokens: int,
 ) -> SingleRun:
     models = [loaded.model, loaded.draft_model]
     hit = cache.fetch(
@@ -45,7 +49,7 @@ def generate_single(
         logits_processors=build_logits_processors(params),
         prompt_cache=hit.cache,
         draft_model=loaded.draft_model,
-        num_draft_tokens=job.num_draft_tokens,
+        num_draft_tokens=draft_tokens,
         prefill_step_size=prefill_chunk,
         prompt_progress_callback=_progress(job, len(hit.rest)),
     )

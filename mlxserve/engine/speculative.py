@@ -38,13 +38,6 @@ FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
 MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
 
 
-@dataclass(frozen=True)
-class Speculation:
-    """`max_draft`: the most tokens drafted per sequence and step."""
-
-    max_draft: int = 8
-
-
 @dataclass
 class SpeculationCounts:
     """Drafted and accepted tokens since the session opened (for /metrics)."""
@@ -117,7 +110,7 @@ class SpeculativeBatch(GenerationBatch):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.speculation = Speculation()
+        self.max_draft = 0  # the most tokens drafted per sequence and step (set when installed)
         self.counts = SpeculationCounts()
         self.layers: int | None = None  # the model's caches: the first `layers` (None: all)
         self._drafters: dict[int, NgramDrafter] = {}
@@ -146,7 +139,7 @@ class SpeculativeBatch(GenerationBatch):
         self._drafters = {}
         predictions = []
         for i, uid in enumerate(self.uids):
-            drafter = drafters.get(uid) or NgramDrafter(self.speculation.max_draft)
+            drafter = drafters.get(uid) or NgramDrafter(self.max_draft)
             self._drafters[uid] = drafter
             room = self.max_tokens[i] - self._num_tokens[i] - 1  # the next token counts one
             if not _per_position(self.logits_processors[i]) or room <= 0:
@@ -324,11 +317,11 @@ class DraftModelBatch(SpeculativeBatch):
         last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self._next_tokens.dtype)
         fed = mx.stack([last, self._next_tokens], axis=1)
         drafted = []
-        for _ in range(self.speculation.max_draft):
+        for _ in range(self.max_draft):
             logits = self.draft_model(fed, cache=draft_caches)[:, -1, :]
             fed = mx.argmax(logits, axis=-1).astype(self._next_tokens.dtype)[:, None]
             drafted.append(fed)
-        lengths = [self.speculation.max_draft if d else 0 for d in drafting]
+        lengths = [self.max_draft if d else 0 for d in drafting]
         return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
 
     def _step(self):
@@ -357,17 +350,18 @@ def _per_position(processors) -> bool:
 
 
 def speculate_in(
-    generator: BatchGenerator, speculation: Speculation, draft_model: Any = None
+    generator: BatchGenerator, max_draft: int, draft_model: Any = None
 ) -> SpeculationCounts:
-    """Give `generator` a speculative generation batch (drafting from the context, or with
-    `draft_model`); returns its running counts."""
+    """Give `generator` a speculative generation batch drafting up to `max_draft` tokens
+    per sequence and step (from the context, or with `draft_model`); returns its running
+    counts."""
     if draft_model is None:
         batch = SpeculativeBatch.empty(generator.model, generator.sampler)
     else:
         batch = DraftModelBatch.empty(generator.model, generator.sampler)
         batch.draft_model = draft_model
         batch.layers = len(make_prompt_cache(generator.model))
-    batch.speculation = speculation
+    batch.max_draft = max_draft
     install_generation_batch(generator, batch)
     return batch.counts
 

@@ -22,10 +22,14 @@ log = logging.getLogger(__name__)
 class StreamSession:
     speculation: SpeculationCounts | None = None  # a draft model's are mlx-lm's own
 
-    def __init__(self, loaded: LoadedModel, cache: PromptCache, prefill_chunk: int):
+    def __init__(
+        self, loaded: LoadedModel, cache: PromptCache, prefill_chunk: int, draft_tokens: int
+    ):
+        """`draft_tokens`: drafted per step by the model's draft model, if it has one."""
         self._loaded = loaded
         self._cache = cache
         self._prefill_chunk = prefill_chunk
+        self._draft_tokens = draft_tokens
         self._queue: deque[GenerationJob] = deque()
         self._run: SingleRun | None = None
 
@@ -75,9 +79,13 @@ class StreamSession:
             job = self._queue.popleft()
             if job.cancelled.is_set():
                 continue
-            generate = generate_vision if self.spec.vision else generate_single
             try:
-                self._run = generate(self._loaded, self._cache, job, self._prefill_chunk)
+                if self.spec.vision:
+                    self._run = generate_vision(self._loaded, self._cache, job, self._prefill_chunk)
+                else:
+                    self._run = generate_single(
+                        self._loaded, self._cache, job, self._prefill_chunk, self._draft_tokens
+                    )
                 return True
             except Exception as e:
                 log.exception("generation failed")

@@ -312,6 +312,7 @@ class GenerationWorker:
 
     def _open(self, loaded: LoadedModel) -> Session:
         """A session for a model just loaded: a batch, or one request at a time."""
+        draft_tokens = self._provider.config_for(loaded.spec).num_draft_tokens
         budget = self._memory_budget
         if budget is not None and budget <= self._provider.weight_bytes():
             raise self._too_large(loaded.spec.path.name, loaded.nbytes)
@@ -324,8 +325,7 @@ class GenerationWorker:
             log.info("Serving %s one request at a time (%s)", loaded.spec.path, why)
             if loaded.spec.vision:  # the disk format is mlx-lm's cache classes
                 self._cache.keep_off_disk(loaded.spec.key)
-            return StreamSession(loaded, self._cache, self._limits.prefill_chunk)
-        draft_tokens = self._provider.config_for(loaded.spec).num_draft_tokens
+            return StreamSession(loaded, self._cache, self._limits.prefill_chunk, draft_tokens)
         return BatchSession(
             loaded, self._cache, self._limits, self._trim_prompt_cache, draft_tokens
         )

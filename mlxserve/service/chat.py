@@ -171,7 +171,6 @@ class ChatService:
             self.worker,
             prepared.spec,
             plans,
-            self.config.num_draft_tokens,
             client_gone,
             prepared.make_output,
         )
@@ -280,17 +279,13 @@ class ChatService:
         template_args, template = config.chat_template_args, config.chat_template
         if not spec.vision:
             return render_chat(tokenizer, request, template_args, template, injected), None
-        vision = VisionChat(tokenizer, self.provider.processor(spec), spec.path, self._limits())
-        return render_vision_chat(vision, request, template_args, template, injected)
-
-    def _limits(self) -> ImageLimits:
-        config = self.config
-        return ImageLimits(
-            max_bytes=config.max_image_bytes,
-            max_pixels=config.max_image_pixels,
-            fetch_timeout=config.image_fetch_timeout,
-            allowed_dirs=(*config.image_dirs, *config.model_dirs),
+        vision = VisionChat(
+            tokenizer,
+            self.provider.processor(spec),
+            spec.path,
+            ImageLimits.from_config(self.config),
         )
+        return render_vision_chat(vision, request, template_args, template, injected)
 
 
 def _usable(grammar: Grammar | None, spec: ModelSpec) -> Grammar | None:

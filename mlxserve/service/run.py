@@ -57,14 +57,12 @@ class GenerationRun:
         worker: GenerationWorker,
         spec: ModelSpec,
         plans: list[ChoicePlan],
-        num_draft_tokens: int,
         client_gone: Callable[[], bool],
         make_output: Callable[[list[int]], Any],
     ):
         self._worker = worker
         self._spec = spec
         self._plans = plans
-        self._num_draft_tokens = num_draft_tokens
         self._client_gone = client_gone
         self._make_output = make_output
         self.usage = Usage()
@@ -142,7 +140,6 @@ class GenerationRun:
                 plan.prompt,
                 plan.params,
                 plan.index,
-                self._num_draft_tokens,
                 images=plan.images,
                 checkpoints=plan.checkpoints,
                 events=events,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 from conversations import data_uri, square_png
@@ -10,13 +11,14 @@ from PIL import Image
 
 from mlxserve.chat.images import ImageLimits, LoadedImage, downscale, load_image
 from mlxserve.chat.vision import cache_tokens, media_spans
+from mlxserve.config import ServerConfig
 from mlxserve.engine.jobs import PromptImages
 from mlxserve.protocol.errors import ErrorKind, ServiceError
 
 PARAM = "messages[0].content[0]"
 
 
-DEFAULT_LIMITS = ImageLimits()
+DEFAULT_LIMITS = ImageLimits.from_config(ServerConfig())
 
 
 def error_code(url: str, limits: ImageLimits = DEFAULT_LIMITS) -> tuple[str, str]:
@@ -37,7 +39,7 @@ def test_a_gif_gives_its_first_frame_in_rgb():
     frames = [Image.new("P", (8, 8), i) for i in (1, 2)]
     buffer = io.BytesIO()
     frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:])
-    loaded = load_image(data_uri(buffer.getvalue()), PARAM, ImageLimits())
+    loaded = load_image(data_uri(buffer.getvalue()), PARAM, DEFAULT_LIMITS)
     assert loaded.image.mode == "RGB" and loaded.image.size == (8, 8)
 
 
@@ -50,14 +52,15 @@ def test_bad_data():
     code, message = error_code(data_uri(bmp.getvalue()))
     assert code == "invalid_image" and "BMP" in message
     assert (
-        error_code(data_uri(square_png("red")), ImageLimits(max_bytes=10))[0] == "image_too_large"
+        error_code(data_uri(square_png("red")), replace(DEFAULT_LIMITS, max_bytes=10))[0]
+        == "image_too_large"
     )
 
 
 def test_same_bytes_same_digest():
-    red = load_image(data_uri(square_png("red")), PARAM, ImageLimits())
-    assert red.digest == load_image(data_uri(square_png("red")), PARAM, ImageLimits()).digest
-    assert red.digest != load_image(data_uri(square_png("blue")), PARAM, ImageLimits()).digest
+    red = load_image(data_uri(square_png("red")), PARAM, DEFAULT_LIMITS)
+    assert red.digest == load_image(data_uri(square_png("red")), PARAM, DEFAULT_LIMITS).digest
+    assert red.digest != load_image(data_uri(square_png("blue")), PARAM, DEFAULT_LIMITS).digest
 
 
 def _image(tag: bytes) -> LoadedImage:
