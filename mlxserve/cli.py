@@ -146,7 +146,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reasoning-parser",
-        choices=[*sorted(reasoning.PARSERS), "harmony"],
+        choices=[*sorted(reasoning.TAGS_BY_NAME), "harmony"],
         help="override the reasoning tags detected from the tokenizer",
     )
     p.add_argument(

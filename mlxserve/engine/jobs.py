@@ -37,7 +37,7 @@ class ErrorEvent:
     error: ServiceError
 
 
-Event = TokenEvent | FinishEvent | ErrorEvent
+JobEvent = TokenEvent | FinishEvent | ErrorEvent  # what a job emits (not postprocess.events)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +81,7 @@ class GenerationJob:
     events: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: JobEvent) -> None:
         self.events.put((self.index, event))
 
     def cancel(self) -> None:

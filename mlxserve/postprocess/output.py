@@ -74,7 +74,7 @@ def chat_markup(
         reasoning_parser is None and tool_parser is None and is_harmony(tokenizer)
     )
     if reasoning_parser is not None and reasoning_parser != HARMONY:
-        think = reasoning.PARSERS[reasoning_parser]
+        think = reasoning.TAGS_BY_NAME[reasoning_parser]
     else:
         think = reasoning.detect(tokenizer)
     tool_format = None

@@ -6,7 +6,7 @@ from mlxserve.postprocess.events import Content, Event, Reasoning
 from mlxserve.postprocess.parser import ThinkTags
 
 THINK = ThinkTags("<think>", "</think>")
-PARSERS: dict[str, ThinkTags | None] = {"think": THINK, "none": None}
+TAGS_BY_NAME: dict[str, ThinkTags | None] = {"think": THINK, "none": None}
 FORMATS = ("separate", "think-tags", "details", "hidden")
 WRAPPERS = {  # how inline formats open and close a reasoning block
     "think-tags": ("<think>", "</think>\n\n"),

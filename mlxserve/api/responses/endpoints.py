@@ -10,7 +10,7 @@ from urllib.parse import parse_qs
 from pydantic import TypeAdapter
 
 from mlxserve.api.responses.conversation import InputItem, MessageItem
-from mlxserve.api.responses.output import ResponseFormat, ResponseStream, new_id
+from mlxserve.api.responses.output import ResponseBuilder, ResponseStream, new_id
 from mlxserve.api.responses.requests import ResponsesRequest, chat_request
 from mlxserve.api.responses.store import ResponseStore, StoredResponse
 from mlxserve.api.sse import SSEWriter, stream_failure
@@ -47,7 +47,7 @@ class ResponsesEndpoints:
         if wire.previous_response_id is not None:
             history = _ITEMS.validate_python(self.store.history(wire.previous_response_id))
         prepared = self.service.prepare_chat(chat_request(wire, history), REASONING_FORMAT)
-        fmt = ResponseFormat(
+        fmt = ResponseBuilder(
             wire.model or self.service.provider.alias,
             self._settings(wire),
             summary=wire.summary is not None,
@@ -72,7 +72,7 @@ class ResponsesEndpoints:
         keep(response)
         return response
 
-    def _stream(self, run, fmt: ResponseFormat, handler, keep) -> None:
+    def _stream(self, run, fmt: ResponseBuilder, handler, keep) -> None:
         """Stream the response; it is stored before the stream ends, so a client that
         has read the last event finds it stored."""
         sse = SSEWriter(handler)

@@ -39,7 +39,7 @@ def error_object(error: ServiceError) -> dict:
 
 
 @dataclass
-class ResponseFormat:
+class ResponseBuilder:
     """One response: its id, the settings it echoes, and its output items."""
 
     model: str
@@ -160,7 +160,7 @@ class ResponseStream:
     """Writes one response as the Responses API's SSE events, each with its type as the
     `event:` name and an increasing `sequence_number`."""
 
-    def __init__(self, sse: SSEWriter, fmt: ResponseFormat):
+    def __init__(self, sse: SSEWriter, fmt: ResponseBuilder):
         self._sse = sse
         self._fmt = fmt
         self._sequence = 0

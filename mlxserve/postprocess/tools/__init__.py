@@ -1,8 +1,7 @@
 """Tool-call formats: one entry per format, detected from the tokenizer or named by flag.
 
-Every parser in `mlx_lm.tool_parsers` is registered as it is (markers and call-body parser);
-formats whose arguments are a JSON object written after the name stream those arguments
-as they are generated.
+Every parser in `mlx_lm.tool_parsers` is registered as it is (markers and call-body parser),
+with what `TRAITS` adds for it: how its arguments stream, how a call is forced into it.
 """
 
 from __future__ import annotations
@@ -24,34 +23,54 @@ from mlxserve.postprocess.tools.streaming import (
     bracket_closer,
     suffix_closer,
 )
+from mlxserve.structured import tool_calls
 
-# Formats whose call body is {"name": ..., "arguments": {...}}: arguments stream as written.
-JSON_BODY_FORMATS = {"json_tools"}
-# Formats where a header names each call and a JSON object of arguments follows it.
-HEADERS = {
-    "mistral": re.compile(r"(?P<name>[\w-]+)\s*\[ARGS\]\s*"),
-    "kimi_k2": re.compile(
-        r"<\|tool_call_begin\|>\s*(?:functions\.)?(?P<name>[^\s:<]+)(?::\d+)?\s*"
-        r"<\|tool_call_argument_begin\|>\s*"
+# Python-style calls, streamed by re-parsing the growing body closed with these.
+PYTHON_CALLS = bracket_closer(('"', "'"), "(")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What mlxserve adds to a format's parser: how its arguments stream (as a JSON
+    {"name", "arguments"} body written out, a JSON object after a header naming the call,
+    or by re-parsing the growing body made parseable by a closer; else whole calls), and
+    how a call is forced into it (None: it cannot be)."""
+
+    json_body: bool = False
+    header: re.Pattern | None = None
+    closer: Callable | None = None
+    forced_call: tool_calls.CallWriter | None = None
+
+
+# Every format mlxserve knows more about than its parser. A format new to mlx-lm works
+# with no entry (whole calls, not forceable); adding one here is all its streaming and
+# forcing need.
+TRAITS: dict[str, Traits] = {
+    "json_tools": Traits(json_body=True, forced_call=tool_calls.hermes),
+    "mistral": Traits(
+        header=re.compile(r"(?P<name>[\w-]+)\s*\[ARGS\]\s*"), forced_call=tool_calls.mistral
     ),
+    "kimi_k2": Traits(
+        header=re.compile(
+            r"<\|tool_call_begin\|>\s*(?:functions\.)?(?P<name>[^\s:<]+)(?::\d+)?\s*"
+            r"<\|tool_call_argument_begin\|>\s*"
+        ),
+        forced_call=tool_calls.kimi,
+    ),
+    "qwen3_coder": Traits(closer=suffix_closer("</function>"), forced_call=tool_calls.qwen3_coder),
+    "glm47": Traits(closer=suffix_closer("")),
+    "laguna": Traits(closer=suffix_closer("")),
+    "longcat": Traits(closer=suffix_closer("")),
+    "minimax_m2": Traits(closer=suffix_closer("</invoke>")),
+    "minicpm5": Traits(closer=suffix_closer("")),
+    "muse_spark": Traits(closer=suffix_closer("</atem:invoke>")),
+    "kimi_k3": Traits(closer=suffix_closer("<|close|>call<|sep|>")),
+    "pythonic": Traits(closer=PYTHON_CALLS),
+    "gemma4": Traits(closer=bracket_closer(('<|"|>',), "{")),
+    "function_gemma": Traits(closer=bracket_closer(("<escape>",), "{")),
+    "tool_code": Traits(closer=PYTHON_CALLS, forced_call=tool_calls.tool_code),
 }
 ALIASES = {"hermes": "json_tools", "qwen": "json_tools"}
-# Formats streamed by re-parsing the growing body, made parseable by these closers.
-PYTHON_CALLS = bracket_closer(('"', "'"), "(")
-CLOSERS = {
-    "qwen3_coder": suffix_closer("</function>"),
-    "glm47": suffix_closer(""),
-    "laguna": suffix_closer(""),
-    "longcat": suffix_closer(""),
-    "minimax_m2": suffix_closer("</invoke>"),
-    "minicpm5": suffix_closer(""),
-    "muse_spark": suffix_closer("</atem:invoke>"),
-    "kimi_k3": suffix_closer("<|close|>call<|sep|>"),
-    "pythonic": PYTHON_CALLS,
-    "gemma4": bracket_closer(('<|"|>',), "{"),
-    "function_gemma": bracket_closer(("<escape>",), "{"),
-    "tool_code": PYTHON_CALLS,
-}
 
 
 @dataclass(frozen=True)
@@ -60,18 +79,17 @@ class ToolFormat:
     start: str
     end: str  # "" when a call runs to the end of the reply
     parse: Callable  # (body text, tools) -> {"name", "arguments"} or a list of them
-    json_body: bool = False
-    header: re.Pattern | None = None
-    closer: Callable | None = None
+    traits: Traits = Traits()
 
     def argument_stream(self, tools: list[dict] | None):
         """A stream that turns one call block into call starts and argument fragments."""
-        if self.json_body:
+        traits = self.traits
+        if traits.json_body:
             return JsonBodyStream(self.parse, tools)
-        if self.header is not None:
-            return HeaderJsonStream(self.parse, tools, self.header)
-        if self.closer is not None:
-            return ReparseStream(self.parse, tools, self.closer)
+        if traits.header is not None:
+            return HeaderJsonStream(self.parse, tools, traits.header)
+        if traits.closer is not None:
+            return ReparseStream(self.parse, tools, traits.closer)
         return WholeStream(self.parse, tools)
 
 
@@ -85,9 +103,7 @@ def _mlx_lm_formats() -> dict[str, ToolFormat]:
                 module.tool_call_start,
                 module.tool_call_end,
                 module.parse_tool_call,
-                json_body=info.name in JSON_BODY_FORMATS,
-                header=HEADERS.get(info.name),
-                closer=CLOSERS.get(info.name),
+                TRAITS.get(info.name, Traits()),
             )
     return formats
 
@@ -99,7 +115,7 @@ FORMATS["tool_code"] = ToolFormat(
     tool_code.tool_call_start,
     tool_code.tool_call_end,
     tool_code.parse_tool_call,
-    closer=CLOSERS["tool_code"],
+    TRAITS["tool_code"],
 )
 
 
