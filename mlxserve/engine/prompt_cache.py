@@ -6,6 +6,12 @@ copied and trimmed back to the shared part where the model's cache can be trimme
 memory tier is an LRU; what it evicts goes to the disk tier (if configured), which also
 receives everything still in memory at shutdown, so a restarted server skips the prefill
 of a conversation it has seen.
+
+Why not mlx-lm's `LRUPromptCache`: its byte bound covers its own entries, where ours is
+shared with the running batches (the worker trims this cache as they grow); it has no disk
+tier; and it finds prefixes by walking a Python dict trie a token at a time. Measured with
+32 entries of 8,000 tokens: 4.5 ms per lookup and 57 MB of trie, against 0.5 ms here
+(a vectorized common-prefix per entry) and no index at all.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Stop strings matched on decoded text at any character boundary."""
+"""Stop strings matched on decoded text at any character boundary.
+
+Why not mlx-lm's `TextStateMachine` (an Aho-Corasick trie over the same text): a client
+needs to know which stop string ended the reply (Anthropic's `stop_sequence`), which its
+transitions do not say, and the post-processor's markers and the stops share
+`textscan`'s one notion of held-back text. It is faster (1.3 against 3.7 microseconds per
+4-character chunk with four stop strings), a difference of microseconds per token where a
+decode step takes milliseconds.
+"""
 
 from __future__ import annotations
 
