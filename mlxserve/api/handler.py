@@ -9,6 +9,7 @@ import select
 import socket
 import time
 from http.server import BaseHTTPRequestHandler
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from mlxserve.api.errors import ErrorReply
@@ -225,6 +226,17 @@ class APIHandler(BaseHTTPRequestHandler):
             f"The request body exceeds the limit of {limit} bytes.",
             code="request_too_large",
         )
+
+    def open_stream(self) -> BinaryIO:
+        """Begin a server-sent event stream (the `Responder` endpoints are given)."""
+        self.streaming = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("X-Accel-Buffering", "no")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        return self.wfile
 
     def client_gone(self) -> bool:
         """Whether the client closed its end (the socket reads EOF) while we generate."""

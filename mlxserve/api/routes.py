@@ -12,6 +12,7 @@ from mlxserve.api.openai.embeddings import EmbeddingEndpoints
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
 from mlxserve.api.openai.tokenize import TokenizeEndpoints
+from mlxserve.api.responder import Responder
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
 from mlxserve.protocol.errors import not_found
 from mlxserve.service.chat import ChatService
@@ -34,8 +35,8 @@ UNLOAD_PATHS = ("/v1/models/unload", "/models/unload")
 METRICS_PATHS = ("/metrics",)
 GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS
 
-# A POST endpoint: (request body, the HTTP handler) -> a JSON reply, or None once streamed.
-Endpoint = Callable[[bytes, object], dict | None]
+# A POST endpoint: (request body, the connection) -> a JSON reply, or None once streamed.
+Endpoint = Callable[[bytes, Responder], dict | None]
 
 
 @dataclass

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import BinaryIO
 
+from mlxserve.api.responder import Responder
 from mlxserve.protocol.errors import ClientGone, ServiceError, internal_error
 
 log = logging.getLogger(__name__)
@@ -15,8 +17,9 @@ class SSEWriter:
     """Sends the response headers with the first event or comment, so that until then the
     request can still be answered with a plain HTTP error."""
 
-    def __init__(self, handler):
-        self._handler = handler
+    def __init__(self, responder: Responder):
+        self._responder = responder
+        self._body: BinaryIO | None = None
         self.started = False
         self.last_write = time.monotonic()
 
@@ -24,14 +27,7 @@ class SSEWriter:
         if self.started:
             return
         self.started = True
-        handler = self._handler
-        handler.streaming = True
-        handler.send_response(200)
-        handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        handler.send_header("Cache-Control", "no-cache")
-        handler.send_header("X-Accel-Buffering", "no")
-        handler.send_header("Transfer-Encoding", "chunked")
-        handler.end_headers()
+        self._body = self._responder.open_stream()
 
     def silent_for(self, seconds: float) -> bool:
         """Whether nothing was written for `seconds`: time for a keepalive."""
@@ -62,8 +58,8 @@ class SSEWriter:
 
     def _send(self, data: bytes) -> None:
         try:
-            self._handler.wfile.write(data)
-            self._handler.wfile.flush()
+            self._body.write(data)
+            self._body.flush()
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError) as e:
             raise ClientGone from e
         self.last_write = time.monotonic()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mlxserve.api.anthropic.requests import CountTokensRequest, MessagesRequest, chat_request
 from mlxserve.api.anthropic.responses import MessageFormat, MessageStream
+from mlxserve.api.responder import Responder
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.service.chat import ChatService
@@ -19,14 +20,14 @@ REASONING_FORMAT = "separate"
 class AnthropicEndpoints:
     service: ChatService
 
-    def messages(self, raw: bytes, handler) -> dict | None:
+    def messages(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(MessagesRequest, raw)
         prepared = self.service.prepare_chat(chat_request(wire), REASONING_FORMAT)
-        run = self.service.run(prepared, handler.client_gone)
+        run = self.service.run(prepared, responder.client_gone)
         fmt = MessageFormat(wire.model)
         if not wire.stream:
             return fmt.message(run.collect()[0], run.usage)
-        sse = SSEWriter(handler)
+        sse = SSEWriter(responder)
         stream = MessageStream(sse, fmt, len(prepared.prompts[0]))
         keepalive_seconds = self.service.config.keepalive_seconds
 
@@ -42,6 +43,6 @@ class AnthropicEndpoints:
         sse.close()
         return None
 
-    def count_tokens(self, raw: bytes, handler) -> dict:
+    def count_tokens(self, raw: bytes, responder: Responder) -> dict:
         request = chat_request(parse(CountTokensRequest, raw))
         return {"input_tokens": self.service.prompt_tokens(request)}

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from mlxserve.api.responder import Responder
 from mlxserve.api.wire import Strict, parse
 from mlxserve.protocol.request import EmbeddingRequest
 from mlxserve.service.chat import ChatService
@@ -56,7 +57,7 @@ class EmbeddingsRequest(Strict):
 class EmbeddingEndpoints:
     service: ChatService
 
-    def embeddings(self, raw: bytes, handler) -> dict:
+    def embeddings(self, raw: bytes, responder: Responder) -> dict:
         wire = parse(EmbeddingsRequest, raw)
         spec, result = self.service.embed(wire.neutral())
         encode = _base64 if wire.encoding_format == "base64" else _floats

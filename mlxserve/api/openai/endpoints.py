@@ -13,6 +13,7 @@ from mlxserve.api.openai.requests import (
     completion_request,
 )
 from mlxserve.api.openai.responses import ChatFormat, CompletionFormat, ReplyFormat
+from mlxserve.api.responder import Responder
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.protocol.errors import not_found
@@ -47,14 +48,14 @@ class OpenAIEndpoints:
             f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
         )
 
-    def load_model(self, raw: bytes, handler) -> dict:
+    def load_model(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/models/load: make a model resident now."""
         name = parse(ModelRequest, raw).model
         spec = self.service.provider.resolve(name)
         self.service.worker.call(lambda: self.service.worker.load(spec))
         return self._state(name)
 
-    def unload_model(self, raw: bytes, handler) -> dict:
+    def unload_model(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/models/unload: free a model's memory now (a 409 while it is busy)."""
         name = parse(ModelRequest, raw).model
         spec = self.service.provider.resolve(name)
@@ -66,25 +67,30 @@ class OpenAIEndpoints:
         loaded = any(m.spec == spec for m in self.service.provider.resident)
         return {"id": name, "object": "model", "state": "loaded" if loaded else "not-loaded"}
 
-    def chat(self, raw: bytes, handler) -> dict | None:
+    def chat(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ChatRequest, raw)
         prepared = self.service.prepare_chat(chat_request(wire))
         fmt = ChatFormat(wire.model or self.service.provider.alias, prepared.texts)
-        return self._reply(prepared, fmt, wire.stream, wire.include_usage, handler)
+        return self._reply(prepared, fmt, wire.stream, wire.include_usage, responder)
 
-    def completion(self, raw: bytes, handler) -> dict | None:
+    def completion(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(CompletionRequest, raw)
         prepared = self.service.prepare_completion(completion_request(wire))
         fmt = CompletionFormat(wire.model or self.service.provider.alias, prepared.texts)
-        return self._reply(prepared, fmt, wire.stream, wire.include_usage, handler)
+        return self._reply(prepared, fmt, wire.stream, wire.include_usage, responder)
 
     def _reply(
-        self, prepared: Prepared, fmt: ReplyFormat, stream: bool, include_usage: bool, handler
+        self,
+        prepared: Prepared,
+        fmt: ReplyFormat,
+        stream: bool,
+        include_usage: bool,
+        responder: Responder,
     ) -> dict | None:
-        run = self.service.run(prepared, handler.client_gone)
+        run = self.service.run(prepared, responder.client_gone)
         if not stream:
             return fmt.response(run.collect(), run.usage)
-        sse = SSEWriter(handler)
+        sse = SSEWriter(responder)
         keepalive_seconds = self.service.config.keepalive_seconds
 
         def keepalive() -> None:

@@ -9,6 +9,7 @@ from typing import Annotated
 from pydantic import Field
 
 from mlxserve.api.openai.requests import ChatRequest, chat_request
+from mlxserve.api.responder import Responder
 from mlxserve.api.wire import Strict, parse_json_body, validate
 from mlxserve.models.provider import ModelSpec
 from mlxserve.service.chat import ChatService
@@ -33,7 +34,7 @@ class Detokenize(Strict):
 class TokenizeEndpoints:
     service: ChatService
 
-    def tokenize(self, raw: bytes, handler) -> dict:
+    def tokenize(self, raw: bytes, responder: Responder) -> dict:
         """`prompt` is tokenized as text; `messages` (with tools and template arguments,
         as a chat completion takes them) as the chat prompt."""
         body = parse_json_body(raw)
@@ -48,7 +49,7 @@ class TokenizeEndpoints:
             )
         return self._tokens(spec, tokens, options.return_token_strs)
 
-    def detokenize(self, raw: bytes, handler) -> dict:
+    def detokenize(self, raw: bytes, responder: Responder) -> dict:
         request = validate(Detokenize, parse_json_body(raw))
         _, text = self.service.detokenize(request.model, request.tokens)
         return {"prompt": text}

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs
 
 from pydantic import TypeAdapter
 
+from mlxserve.api.responder import Responder
 from mlxserve.api.responses.conversation import InputItem, MessageItem
 from mlxserve.api.responses.output import ResponseBuilder, ResponseStream, new_id
 from mlxserve.api.responses.requests import ResponsesRequest, chat_request
@@ -41,7 +42,7 @@ class ResponsesEndpoints:
         max_bytes = int(config.responses_store_mb * MB)
         self.store = ResponseStore(config.responses_store_size, max_bytes)
 
-    def create(self, raw: bytes, handler) -> dict | None:
+    def create(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ResponsesRequest, raw)
         history = []
         if wire.previous_response_id is not None:
@@ -55,14 +56,14 @@ class ResponsesEndpoints:
             namespaces=wire.namespaces,
             texts=prepared.texts if wire.logprobs is not None else None,
         )
-        run = self.service.run(prepared, handler.client_gone)
+        run = self.service.run(prepared, responder.client_gone)
 
         def keep(response: dict) -> None:
             if wire.store:
                 self.store.put(StoredResponse.of(response, _input_items(wire)))
 
         if wire.stream:
-            self._stream(run, fmt, handler, keep)
+            self._stream(run, fmt, responder, keep)
             return None
         choice = None
         for step in run.steps():
@@ -72,10 +73,10 @@ class ResponsesEndpoints:
         keep(response)
         return response
 
-    def _stream(self, run, fmt: ResponseBuilder, handler, keep) -> None:
+    def _stream(self, run, fmt: ResponseBuilder, responder: Responder, keep) -> None:
         """Stream the response; it is stored before the stream ends, so a client that
         has read the last event finds it stored."""
-        sse = SSEWriter(handler)
+        sse = SSEWriter(responder)
         stream = ResponseStream(sse, fmt)
         keepalive_seconds = self.service.config.keepalive_seconds
 

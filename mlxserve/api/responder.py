@@ -1,0 +1,16 @@
+"""What an endpoint may do with the connection it answers, beyond returning a reply."""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Protocol
+
+
+class Responder(Protocol):
+    def client_gone(self) -> bool:
+        """Whether the client has closed its end (generation for it can stop)."""
+        ...
+
+    def open_stream(self) -> BinaryIO:
+        """Begin a server-sent event stream: its headers go out now, and from here an
+        error can no longer be an HTTP reply. Returns where the chunked body goes."""
+        ...
