@@ -38,6 +38,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff format .

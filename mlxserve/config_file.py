@@ -30,7 +30,9 @@ else:  # the same parser, before it joined the standard library
 KEYS = {f.name for f in fields(ModelSettings)}
 
 
-def load_models(path: Path, template: Callable[[str], str]) -> tuple[ModelSettings, ...]:
+def load_models(
+    path: Path, template: Callable[[str | None], str | None]
+) -> tuple[ModelSettings, ...]:
     """The [[models]] of a TOML file; `template` reads a chat_template value (a file or
     Jinja text). Any mistake stops the server with a message naming it."""
     try:
@@ -44,7 +46,9 @@ def load_models(path: Path, template: Callable[[str], str]) -> tuple[ModelSettin
     return tuple(_entry(path, i, entry, template) for i, entry in enumerate(entries))
 
 
-def _entry(path: Path, index: int, entry: dict, template: Callable[[str], str]) -> ModelSettings:
+def _entry(
+    path: Path, index: int, entry: dict, template: Callable[[str | None], str | None]
+) -> ModelSettings:
     where = f"mlxserve: --config {path}: models[{index}]"
     if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
         raise SystemExit(f"{where} needs a 'model' (a hub repo id or a folder)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -69,7 +70,8 @@ class MLXServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        address, port = self.server_address[:2]
+        host = address.decode() if isinstance(address, bytes) else address
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}/v1"
 
@@ -98,7 +100,7 @@ def build_server(config: ServerConfig) -> MLXServer:
     for name, spec in provider.served.items():
         start = time.perf_counter()
         try:
-            worker.call(lambda spec=spec: worker.load(spec))
+            worker.call(functools.partial(worker.load, spec))
         except ServiceError as e:
             raise SystemExit(f"mlxserve: {name}: {e.message}") from e
         log.info(

@@ -8,8 +8,10 @@ import logging
 import select
 import socket
 import time
+from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler
-from typing import BinaryIO
+from io import BufferedIOBase
+from typing import Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 from mlxserve.api.errors import ErrorReply
@@ -23,6 +25,7 @@ from mlxserve.api.routes import (
     RESPONSE_PREFIXES,
     Routes,
 )
+from mlxserve.config import ServerConfig
 from mlxserve.protocol.errors import (
     ClientGone,
     ErrorKind,
@@ -32,6 +35,7 @@ from mlxserve.protocol.errors import (
     not_found,
 )
 from mlxserve.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from mlxserve.telemetry.metrics import Metrics
 from mlxserve.telemetry.record import RequestRecord, recording, request_id
 
 log = logging.getLogger(__name__)
@@ -45,11 +49,25 @@ ALLOWED_HEADERS = (
 )
 
 
+class Serving(Protocol):
+    """What the handler needs of the HTTP server it runs under (server.MLXServer)."""
+
+    config: ServerConfig
+    routes: Routes
+    metrics: Metrics
+
+    def answering(self) -> AbstractContextManager[None]: ...
+
+
 class APIHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "mlxserve"
     streaming = False  # an SSE response has begun: errors can no longer be a reply
     record: RequestRecord | None = None  # the request being answered
+
+    @property
+    def app(self) -> Serving:
+        return cast(Serving, self.server)
 
     # Entry points -----------------------------------------------------------------------
 
@@ -65,15 +83,15 @@ class APIHandler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
-        with self.server.answering():
+        with self.app.answering():
             self._handle(self._get)
 
     def do_POST(self) -> None:
-        with self.server.answering():
+        with self.app.answering():
             self._handle(self._post)
 
     def do_DELETE(self) -> None:
-        with self.server.answering():
+        with self.app.answering():
             self._handle(self._delete)
 
     def parse_request(self) -> bool:
@@ -83,7 +101,7 @@ class APIHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         # A client silent this long (an unfinished body, an idle kept-alive connection) is
         # let go instead of holding a thread and a file descriptor forever.
-        self.timeout = self.server.config.read_timeout
+        self.timeout = self.app.config.read_timeout  # type: ignore[misc]  # per connection, as socketserver reads it
         super().setup()
 
     def _handle(self, route) -> None:
@@ -92,20 +110,20 @@ class APIHandler(BaseHTTPRequestHandler):
             request_id(self.headers.get("X-Request-Id")),
             self.command,
             self.path,
-            on_token_gap=self.server.metrics.observe_token_gap,
+            on_token_gap=self.app.metrics.observe_token_gap,
         )
         with recording(self.record):
             path = self._answer(route)
             self.record.finished = time.monotonic()
             access_log.info(self.record.access_line())
-        self.server.metrics.observe(self.record, self.server.routes.endpoint(path))
+        self.app.metrics.observe(self.record, self.app.routes.endpoint(path))
 
     def _answer(self, route) -> str:
         """Route the request; errors become the dialect's error reply. Returns the path."""
         self.streaming = False
         self.body_read = False
-        routes: Routes = self.server.routes
-        config = self.server.config
+        routes: Routes = self.app.routes
+        config = self.app.config
         path = "/"
         try:
             path = urlsplit(self.path).path.rstrip("/") or "/"
@@ -124,36 +142,36 @@ class APIHandler(BaseHTTPRequestHandler):
         return path
 
     def _get(self, path: str) -> None:
-        endpoints = self.server.routes.openai
+        endpoints = self.app.routes.openai
         if path in HEALTH_PATHS:
             status, body = endpoints.health()
             self._send_json(status, body)
         elif path in MODELS_PATHS:
             self._send_json(200, endpoints.models())
         elif path in METRICS_PATHS:
-            self._send(200, self.server.metrics.render(), METRICS_CONTENT_TYPE)
+            self._send(200, self.app.metrics.render(), METRICS_CONTENT_TYPE)
         elif path.startswith(MODEL_PREFIXES):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
         elif path.startswith(RESPONSE_PREFIXES):
             self._send_json(200, self._stored_response(path))
         else:
-            self._unknown(path, tuple(self.server.routes.post))
+            self._unknown(path, tuple(self.app.routes.post))
 
     def _delete(self, path: str) -> None:
         if not path.startswith(RESPONSE_PREFIXES):
-            self._unknown(path, (*self.server.routes.post, *GET_PATHS))
+            self._unknown(path, (*self.app.routes.post, *GET_PATHS))
         self._send_json(200, self._stored_response(path))
 
     def _stored_response(self, path: str) -> dict:
         query = urlsplit(self.path).query
-        return self.server.routes.stored_response(self.command, unquote(path), query)
+        return self.app.routes.stored_response(self.command, unquote(path), query)
 
     def _post(self, path: str) -> None:
-        endpoint = self.server.routes.post.get(path)
+        endpoint = self.app.routes.post.get(path)
         if endpoint is None:
             self._unknown(path, GET_PATHS)
             return
-        check_browser_post(self.headers, self.server.config.allowed_origins)
+        check_browser_post(self.headers, self.app.config.allowed_origins)
         result = endpoint(self._read_body(), self)
         if result is not None:
             self._send_json(200, result)
@@ -171,7 +189,7 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _authorize(self) -> None:
         """`Authorization: Bearer KEY` (OpenAI's clients) or `X-API-Key: KEY` (Anthropic's)."""
-        key = self.server.config.api_key
+        key = self.app.config.api_key
         if not key:
             return
         auth = self.headers.get("Authorization", "")
@@ -182,7 +200,7 @@ class APIHandler(BaseHTTPRequestHandler):
             )
 
     def _read_body(self) -> bytes:
-        limit = self.server.config.max_body_bytes
+        limit = self.app.config.max_body_bytes
         framing = body_framing(self.headers)
         if framing.length > limit:
             raise self._too_large(limit)
@@ -227,7 +245,7 @@ class APIHandler(BaseHTTPRequestHandler):
             code="request_too_large",
         )
 
-    def open_stream(self) -> BinaryIO:
+    def open_stream(self) -> BufferedIOBase:
         """Begin a server-sent event stream (the `Responder` endpoints are given)."""
         self.streaming = True
         self.send_response(200)
@@ -267,7 +285,7 @@ class APIHandler(BaseHTTPRequestHandler):
         super().end_headers()
 
     def _allowed_origin(self) -> str | None:
-        allowed = self.server.config.allowed_origins
+        allowed = self.app.config.allowed_origins
         if "*" in allowed:
             return "*"
         origin = self.headers.get("Origin")

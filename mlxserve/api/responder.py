@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import BinaryIO, Protocol
+from io import BufferedIOBase
+from typing import Protocol
 
 
 class Responder(Protocol):
@@ -10,7 +11,7 @@ class Responder(Protocol):
         """Whether the client has closed its end (generation for it can stop)."""
         ...
 
-    def open_stream(self) -> BinaryIO:
+    def open_stream(self) -> BufferedIOBase:
         """Begin a server-sent event stream: its headers go out now, and from here an
         error can no longer be an HTTP reply. Returns where the chunked body goes."""
         ...

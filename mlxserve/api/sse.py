@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import BinaryIO
+from io import BufferedIOBase
 
 from mlxserve.api.responder import Responder
 from mlxserve.protocol.errors import ClientGone, ServiceError, internal_error
@@ -19,7 +19,7 @@ class SSEWriter:
 
     def __init__(self, responder: Responder):
         self._responder = responder
-        self._body: BinaryIO | None = None
+        self._body: BufferedIOBase | None = None
         self.started = False
         self.last_write = time.monotonic()
 
@@ -57,9 +57,12 @@ class SSEWriter:
         self._send(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _send(self, data: bytes) -> None:
+        body = self._body
+        if body is None:  # opened by `start`, which every write calls first
+            raise RuntimeError("the stream was not opened")
         try:
-            self._body.write(data)
-            self._body.flush()
+            body.write(data)
+            body.flush()
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError) as e:
             raise ClientGone from e
         self.last_write = time.monotonic()

@@ -51,7 +51,7 @@ def chat_text(
     messages = [_template_message(m, takes_images) for m in request.messages]
     tools = request.tool_definitions
     if inject_tools:
-        messages, tools = tool_prompt.inject_tools(messages, tools), None
+        messages, tools = tool_prompt.inject_tools(messages, tools or []), None
     kwargs = {**template_args, **_request_template_kwargs(request, messages)}
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
@@ -97,7 +97,7 @@ def _template_message(message: Message, takes_images: bool) -> dict:
     role = message.role
     content = _content(message, takes_images)
     reasoning = message.reasoning
-    if role == "assistant" and not reasoning:
+    if role == "assistant" and not reasoning and isinstance(content, str):
         reasoning, content = _split_inline_reasoning(content)
     out: dict = {"role": role, "content": content}
     if message.name is not None:

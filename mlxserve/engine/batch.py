@@ -316,10 +316,10 @@ class BatchSession:
             count, done = stop - done, stop
             if count <= 0:
                 continue
-            tokens = mx.array(hit.rest[:count])[None]
-            self._loaded.model(tokens, cache=hit.cache[: self._layers])
+            chunk = mx.array(hit.rest[:count])[None]
+            self._loaded.model(chunk, cache=hit.cache[: self._layers])
             if self._loaded.draft_model is not None:
-                self._loaded.draft_model(tokens, cache=hit.cache[self._layers :])
+                self._loaded.draft_model(chunk, cache=hit.cache[self._layers :])
             mx.eval([c.state for c in hit.cache])
             hit.rest = hit.rest[count:]
             if stop in marks:

@@ -163,7 +163,7 @@ class PromptCache:
         return self._disk is not None and not any(key.startswith(v) for v in self._volatile)
 
     def _save(self, key: str, entry: _Entry) -> None:
-        if self._persists(key):
+        if self._disk is not None and self._persists(key):
             self._disk.save(key, entry.tokens, entry.cache)
 
     def _fit(self, excess_entries: int, max_bytes: int | None) -> None:

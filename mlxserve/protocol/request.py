@@ -7,7 +7,7 @@ may be at fault carries `param`: where the client put it, as its dialect names i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Tool:
     def definition(self) -> dict:
         """The tool as chat templates and parsers take it (OpenAI's function shape, the
         one Hugging Face templates are written for)."""
-        function = {"name": self.name, "description": self.description}
+        function: dict[str, Any] = {"name": self.name, "description": self.description}
         function |= {"parameters": self.parameters, "strict": self.strict}
         return {
             "type": "function",
@@ -62,12 +62,16 @@ class Tool:
         }
 
 
+ToolChoiceMode = Literal["auto", "none", "required"]
+ConstraintKind = Literal["json_schema", "regex", "choice"]
+
+
 @dataclass(frozen=True)
 class ToolChoice:
     """auto: the model decides; none: no tools; required: at least one call; a `name`:
     a call of that tool."""
 
-    mode: Literal["auto", "none", "required"] = "auto"
+    mode: ToolChoiceMode = "auto"
     name: str | None = None
     param: str = "tool_choice"
 
@@ -81,7 +85,7 @@ class Constraint:
     """What the content must match: a JSON schema, a regular expression, or one of a
     list of strings."""
 
-    kind: Literal["json_schema", "regex", "choice"]
+    kind: ConstraintKind
     value: dict | str | list[str]
     param: str
 

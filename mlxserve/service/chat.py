@@ -95,7 +95,7 @@ class ChatService:
             tools_in_request=tools,
             parallel_tool_calls=request.parallel_tool_calls,
         )
-        checkpoints = ()
+        checkpoints: tuple[int, ...] = ()
         if not spec.vision and self.worker.needs_checkpoints(spec):
 
             def render(opening: ChatRequest) -> list[int]:

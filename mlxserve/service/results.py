@@ -24,12 +24,15 @@ class TokenLogprob:
     top: list[tuple[int, float]]
 
 
+BlockKind = Literal["reasoning", "text", "tool_call"]
+
+
 @dataclass
 class Block:
     """A run of one kind of output: reasoning, text, or one tool call (its arguments are
     the JSON text)."""
 
-    kind: Literal["reasoning", "text", "tool_call"]
+    kind: BlockKind
     text: str = ""
     call_id: str = ""
     name: str = ""
@@ -51,7 +54,7 @@ class Choice:
         if isinstance(event, ToolCallStart):
             self.blocks.append(Block("tool_call", call_id=event.id, name=event.name))
         elif isinstance(event, Content | Reasoning):
-            kind = "text" if isinstance(event, Content) else "reasoning"
+            kind: BlockKind = "text" if isinstance(event, Content) else "reasoning"
             if not self.blocks or self.blocks[-1].kind != kind:
                 self.blocks.append(Block(kind))
             self.blocks[-1].text += event.text

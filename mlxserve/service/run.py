@@ -8,7 +8,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from mlxserve.engine.jobs import ErrorEvent, FinishEvent, GenerationJob, PromptImages, TokenEvent
 from mlxserve.engine.sampling import GenerationParams
@@ -176,4 +176,5 @@ class GenerationRun:
 
 
 def _entry(event: TokenEvent) -> TokenLogprob:
-    return TokenLogprob(event.token, event.logprob, event.top_logprobs or [])
+    """A token's logprob entry (made only for events that carry a logprob)."""
+    return TokenLogprob(event.token, cast(float, event.logprob), event.top_logprobs or [])

@@ -20,6 +20,7 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from mlxserve.compat import hf_tokenizer
+from mlxserve.engine.values import as_int
 from mlxserve.structured.token_table import VocabularyTable
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class GrammarProcessor:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:  # the first call sees the prompt's last token, not a generated one
-            self._matcher.consume_token(tokens[-1].item())
+            self._matcher.consume_token(as_int(tokens[-1]))
         self._calls += 1
         if self._allowed is None:  # the model's vocabulary may be padded past the tokenizer's
             self._allowed = np.zeros(logits.shape[-1], dtype=np.bool_)

@@ -5,6 +5,7 @@ never a silently unconstrained reply."""
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 from mlxserve.models.token_bytes import drops_first_space
 from mlxserve.postprocess.harmony import ANALYSIS_CLOSING, ANALYSIS_OPENING, FINAL_OPENING
@@ -47,11 +48,12 @@ def chat_grammar(
 
 def _content_body(constraint: Constraint) -> str:
     """Lark of the constrained content."""
+    value = constraint.value
     if constraint.kind == "json_schema":
-        return lark.json_schema(constraint.value)
+        return lark.json_schema(cast(dict, value))
     if constraint.kind == "regex":
-        return lark.regex(constraint.value)
-    return lark.choice(constraint.value)
+        return lark.regex(cast(str, value))
+    return lark.choice(cast(list[str], value))
 
 
 def _tool_call_grammar(
@@ -72,7 +74,7 @@ def _tool_call_grammar(
         return _harmony_tool_call(tokenizer, tools)
     fmt = markup.tool_format
     writer = fmt.traits.forced_call if fmt is not None else None
-    if writer is None:
+    if fmt is None or writer is None:
         name = fmt.name if fmt is not None else "unknown"
         raise bad_request(
             f"A tool call cannot be forced in this model's tool-call format ({name}); "

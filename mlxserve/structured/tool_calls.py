@@ -58,7 +58,8 @@ def qwen3_coder(markup: Markup, start: str, end: str, tools: list[dict], paralle
     """Qwen3-Coder: a <tool_call> block per call holding <function=name>, then a
     <parameter=key> block per argument, each on lines of their own; values are written as
     the parser reads them back for their type."""
-    calls, rules = [], []
+    calls: list[str] = []
+    rules: list[str] = []
     for tool in tools:
         parameters = []
         for name, schema, required in lark.properties(lark.parameters(tool)):

@@ -130,7 +130,7 @@ class Metrics:
                 _PerModel(
                     f"mlxserve_speculative_{outcome}_tokens",
                     doc,
-                    lambda column=column: [(row[0], row[column]) for row in speculation()],
+                    _column(speculation, column),
                     CounterMetricFamily,
                 )
             )
@@ -153,3 +153,10 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _column(
+    rows: Callable[[], Iterable[tuple[str, int, int]]], index: int
+) -> Callable[[], list[tuple[str, float]]]:
+    """(model, value) pairs of one column of `rows`, read when called."""
+    return lambda: [(row[0], float(row[index])) for row in rows()]

@@ -21,7 +21,7 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 def stop_reason(choice: Choice) -> str:
     if choice.finish_reason == "stop":
         return "stop_sequence" if choice.stop_sequence is not None else "end_turn"
-    return STOP_REASONS[choice.finish_reason]
+    return STOP_REASONS[str(choice.finish_reason)]
 
 
 def usage_dict(usage: Usage) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -47,7 +47,7 @@ class EmbeddingsRequest(Strict):
         inputs = [given] if single else given
         return EmbeddingRequest(
             model=self.model,
-            inputs=tuple(i if isinstance(i, str) else tuple(i) for i in inputs),
+            inputs=tuple(i if isinstance(i, str) else tuple(cast(list[int], i)) for i in inputs),
             dimensions=self.dimensions,
             keep_last_tokens=self.truncate_prompt_tokens,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mlxserve.api.openai.errors import error_body
 from mlxserve.api.openai.requests import (
@@ -12,7 +13,7 @@ from mlxserve.api.openai.requests import (
     chat_request,
     completion_request,
 )
-from mlxserve.api.openai.responses import ChatFormat, CompletionFormat, ReplyFormat
+from mlxserve.api.openai.responses import ChatFormat, CompletionFormat
 from mlxserve.api.responder import Responder
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
@@ -30,7 +31,7 @@ class OpenAIEndpoints:
         # Models may be unloaded when idle and load on demand: serving needs the thread.
         if not service.worker.alive:
             return 503, {"status": "unavailable"}
-        body = {"status": "ok", "model": service.provider.alias}
+        body: dict[str, Any] = {"status": "ok", "model": service.provider.alias}
         cache = service.worker.prompt_cache
         if cache.has_disk:
             failure = cache.disk_failure
@@ -82,7 +83,7 @@ class OpenAIEndpoints:
     def _reply(
         self,
         prepared: Prepared,
-        fmt: ReplyFormat,
+        fmt: ChatFormat | CompletionFormat,
         stream: bool,
         include_usage: bool,
         responder: Responder,
@@ -110,7 +111,9 @@ class OpenAIEndpoints:
         return None
 
 
-def _send(sse: SSEWriter, fmt: ReplyFormat, step: Step, started: set[int]) -> None:
+def _send(
+    sse: SSEWriter, fmt: ChatFormat | CompletionFormat, step: Step, started: set[int]
+) -> None:
     """A step's chunks; a choice's role chunk waits for its first step, so that an error
     is still a plain reply until then."""
     choice, entries = step.choice, step.logprobs
@@ -125,4 +128,4 @@ def _send(sse: SSEWriter, fmt: ReplyFormat, step: Step, started: set[int]) -> No
         sse.event(fmt.event_chunk(choice, event, entries if i == 0 else []))
     choice.text_offset += sum(len(fmt.texts(e.token).text) for e in entries)
     if step.finished:
-        sse.event(fmt.finish_chunk(choice.index, choice.finish_reason))
+        sse.event(fmt.finish_chunk(choice.index, str(choice.finish_reason)))

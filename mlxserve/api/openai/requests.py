@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -292,12 +292,11 @@ def chat_request(wire: ChatRequest) -> neutral.ChatRequest:
 
 
 def completion_request(wire: CompletionRequest) -> neutral.CompletionRequest:
-    prompt = wire.prompt
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-        prompt = [prompt]
+    given = wire.prompt
+    prompts = [given] if isinstance(given, str) or (given and isinstance(given[0], int)) else given
     return neutral.CompletionRequest(
         **_generation_fields(wire, wire.max_tokens),
-        prompts=tuple(p if isinstance(p, str) else tuple(p) for p in prompt),
+        prompts=tuple(p if isinstance(p, str) else tuple(cast(list[int], p)) for p in prompts),
     )
 
 
@@ -361,7 +360,7 @@ def _content(content: str | list[ContentPart] | None, param: str):
 def _tool_choice(choice: str | dict | None) -> neutral.ToolChoice:
     if isinstance(choice, dict):
         return neutral.ToolChoice("required", choice["function"]["name"])
-    return neutral.ToolChoice(choice or "auto")
+    return neutral.ToolChoice(cast(neutral.ToolChoiceMode, choice or "auto"))
 
 
 def _template_kwargs(wire: ChatRequest) -> dict:
@@ -393,11 +392,12 @@ def _constraint(wire: GenerationRequest) -> neutral.Constraint | None:
     for prefix, source in (("", wire), ("extra_body.", wire.extra_body)):
         if source is None:
             continue
-        for kind, name, value in (
+        guided: tuple[tuple[neutral.ConstraintKind, str, Any], ...] = (
             ("json_schema", "guided_json", source.guided_json),
             ("regex", "guided_regex", source.guided_regex),
             ("choice", "guided_choice", source.guided_choice),
-        ):
+        )
+        for kind, name, value in guided:
             if value is not None:
                 found.append(neutral.Constraint(kind, value, prefix + name))
     if len(found) > 1:

@@ -165,6 +165,7 @@ class CompletionFormat(ReplyFormat):
         """The legacy logprobs of `entries`, or None when the request asked for none."""
         if choice.logprobs is None:
             return None
+        entries = entries or []
         tokens, offsets = [], []
         for entry in entries:
             text = self.texts(entry.token).text

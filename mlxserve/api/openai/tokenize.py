@@ -4,7 +4,7 @@ prompt would be) to token ids, and token ids back to text."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -55,7 +55,7 @@ class TokenizeEndpoints:
         return {"prompt": text}
 
     def _tokens(self, spec: ModelSpec, tokens: list[int], with_strings: bool) -> dict:
-        body = {
+        body: dict[str, Any] = {
             "count": len(tokens),
             "max_model_len": self.service.context_length(spec),
             "tokens": tokens,

@@ -261,7 +261,7 @@ def _leading_system(
     while lead < len(messages) and messages[lead].role == "system":
         lead += 1
     texts = [instructions] if instructions else []
-    texts += [m.content for m in messages[:lead] if m.content]
+    texts += [m.content for m in messages[:lead] if isinstance(m.content, str) and m.content]
     if not texts:
         return tuple(messages)
     param = "instructions" if instructions else messages[0].param

@@ -69,6 +69,7 @@ class ResponsesEndpoints:
         for step in run.steps():
             fmt.place_logprobs(step)
             choice = step.choice
+        assert choice is not None  # a run's steps end with a finished choice
         response = fmt.response(_status(choice), choice, run.usage)
         keep(response)
         return response

@@ -91,6 +91,7 @@ class ResponseBuilder:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
     def _token(self, token: int, logprob: float, with_bytes: bool = True) -> dict:
+        assert self.texts is not None  # logprob entries exist only when texts were given
         text = self.texts(token)
         entry = {"token": text.text, "logprob": logprob}
         return {**entry, "bytes": list(text.bytes)} if with_bytes else entry

@@ -3,7 +3,7 @@ neutral chat request (the input items themselves are translated in conversation.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
@@ -59,7 +59,7 @@ class HostedTool(Strict):
 def _tool_kind(value) -> str:
     """The tool's model; tags are the models' names, which error locations leave out."""
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return {"function": "FunctionTool", "namespace": "NamespaceTool"}.get(kind, "HostedTool")
+    return {"function": "FunctionTool", "namespace": "NamespaceTool"}.get(str(kind), "HostedTool")
 
 
 Tool = Annotated[
@@ -171,7 +171,7 @@ class ResponsesRequest(Strict):
     @property
     def summary(self) -> Summary | None:
         reasoning = self.reasoning
-        return reasoning and (reasoning.summary or reasoning.generate_summary)
+        return reasoning.summary or reasoning.generate_summary if reasoning else None
 
     @property
     def encrypted_reasoning(self) -> bool:
@@ -251,7 +251,7 @@ def _tools(tools: list) -> tuple[neutral.Tool, ...]:
 def _tool_choice(choice: str | dict | None) -> neutral.ToolChoice:
     if isinstance(choice, dict):
         return neutral.ToolChoice("required", choice["name"])
-    return neutral.ToolChoice(choice or "auto")
+    return neutral.ToolChoice(cast(neutral.ToolChoiceMode, choice or "auto"))
 
 
 def _constraint(text: TextConfig | None) -> neutral.Constraint | None:

@@ -130,9 +130,10 @@ class JsonBodyStream(_Stream):
         match = _ARGUMENTS.search(self.body) if self._args_start is None else None
         if match is not None and match.end() < len(self.body):
             self._args_start = match.end()
-        streamable = self._args_start is not None and self.body[self._args_start] == "{"
-        if self._name is not None and streamable and not self._scanner.done:
-            pending = self.body[self._args_start + self._emitted :]
+        start = self._args_start
+        streamable = start is not None and self.body[start] == "{"
+        if self._name is not None and start is not None and streamable and not self._scanner.done:
+            pending = self.body[start + self._emitted :]
             size = self._scanner.consume(pending)
             if size:
                 pieces.append(CallPiece(0, None, pending[:size]))
@@ -140,8 +141,7 @@ class JsonBodyStream(_Stream):
         return pieces
 
     def close(self) -> list[CallPiece] | None:
-        if self._emitted:
-            start = self._args_start
+        if self._emitted and (start := self._args_start) is not None:
             _warn_unless_json(self.body[start : start + self._emitted], self.body)
             return []
         calls = self._parsed(self.body)
