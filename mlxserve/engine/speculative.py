@@ -1,9 +1,9 @@
 """Speculative decoding from the context (prompt lookup), inside the continuous batch.
 
 Much of what an agent writes repeats what it has read. Each step, a sequence looks up the
-last few tokens of its own context (prompt and output so far); where they occurred
-before, the tokens that followed predict its next token and draft those after it. One forward pass then processes every
-sequence's next token and its draft together (B x (1 + longest draft)); each sequence keeps
+last few tokens of its own context (prompt and output so far); where they occurred before,
+the tokens that followed predict its next token and draft those after it. One forward pass
+then processes every sequence's next token and its draft together (B x (1 + longest draft)); each sequence keeps
 the drafted tokens its own sampler agrees with, plus the sampler's token at the first
 disagreement, and the positions it did not keep are rolled out of its row of the batch KV
 cache (`prepare(right_padding=...)` + `finalize()`, the batch caches' own way of turning
@@ -17,8 +17,10 @@ grammar, a reasoning budget) decode without drafts in the same pass; processors 
 `per_position` (a logit bias) apply to every position.
 
 Verifying k drafts costs about one step where decoding is bound by memory bandwidth (Metal,
-CUDA), and k + 1 steps where it is bound by arithmetic (MLX's CPU backend); `verify_cost`
-measures which, so that "auto" speculates only where it pays.
+CUDA, MLX's CPU backend with OpenBLAS), and k + 1 steps where it is bound by arithmetic
+(MLX's CPU backend with its bundled BLAS); `verify_cost` measures which, so that "auto"
+speculates only where it pays. A model served with a draft model drafts with it instead
+(`DraftModelBatch`), through the same verification.
 """
 
 from __future__ import annotations
