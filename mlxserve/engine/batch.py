@@ -20,7 +20,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.engine.jobs import GenerationJob
-from mlxserve.engine.memory import KVFootprint, measure_footprint
+from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
 from mlxserve.engine.quantized_cache import KVQuantization
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
@@ -126,10 +126,7 @@ class BatchSession:
                 fresh = self._quantization.quantized(fresh)
             self.footprint = measure_footprint(loaded.model, fresh[: self._layers])
             if loaded.draft_model is not None:
-                draft = measure_footprint(loaded.draft_model, fresh[self._layers :])
-                self.footprint = KVFootprint(
-                    self.footprint.per_token + draft.per_token, self.footprint.fixed + draft.fixed
-                )
+                self.footprint += measure_footprint(loaded.draft_model, fresh[self._layers :])
         except ValueError as e:  # a head that cannot be split into quantization groups
             raise bad_request(
                 f"This model's KV cache cannot be quantized with --kv-bits "

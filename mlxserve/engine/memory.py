@@ -32,6 +32,10 @@ class KVFootprint:
     def sequence(self, tokens: int) -> int:
         return self.fixed + self.per_token * tokens
 
+    def __add__(self, other: KVFootprint) -> KVFootprint:
+        """Two models' caches held together (a model and its draft model)."""
+        return KVFootprint(self.per_token + other.per_token, self.fixed + other.fixed)
+
     def batch(self, lengths: Iterable[int]) -> int:
         """A batch's bytes: each sequence padded to the longest."""
         lengths = list(lengths)
