@@ -44,10 +44,9 @@ def main() -> None:
 
     import mlx.core as mx
 
-    dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
     print(f"device {mx.default_device()}, {args.turns} turns, {args.system}-token system prompt")
     for name in MODELS:
-        path = models.build(models.MODELS[name], dtype)
+        path = models.build(models.MODELS[name])
         w = Workload(path, 32, 2000)
         print(f"\n{path.name}: turn, prompt tokens, cached share, TTFT s")
         results = {}

@@ -278,7 +278,7 @@ def main() -> None:
 
     import mlx.core as mx
 
-    dtype = args.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    dtype = args.dtype or models.device_dtype()
     print(f"device: {mx.default_device()}, dtype {dtype}, {args.tokens} tokens per reply")
     for key in args.models.split(","):
         path = models.build(models.MODELS[key], dtype)

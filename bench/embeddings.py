@@ -29,8 +29,7 @@ def main() -> None:
     from mlx_embeddings.utils import load_model as load_embeddings
     from mlx_lm.utils import load_model as load_lm
 
-    dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
-    path = models.build(models.MODELS["50m"], dtype)
+    path = models.build(models.MODELS["50m"])
     batch = mx.random.randint(0, 1000, (32, 128))
     decoder, _ = load_lm(path)
     encoder = load_embeddings(path)

@@ -61,8 +61,7 @@ def main() -> None:
 
     import mlx.core as mx
 
-    dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
-    path = models.build(models.MODELS[args.model], dtype)
+    path = models.build(models.MODELS[args.model])
     w = Workload(path, args.tokens, args.long_prompt)
     print(f"device {mx.default_device()}, {path.name}, {args.tokens} tokens per reply")
     results: dict[tuple[str, str], list[dict]] = defaultdict(list)

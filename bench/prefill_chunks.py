@@ -42,7 +42,7 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm import load
 
-    dtype = args.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    dtype = args.dtype or models.device_dtype()
     print(f"device: {mx.default_device()}, dtype {dtype}, a {args.prompt}-token prompt")
     for key in args.models.split(","):
         model, _ = load(str(models.build(models.MODELS[key], dtype)))

@@ -142,8 +142,7 @@ def main() -> None:
 
     import mlx.core as mx
 
-    dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
-    path = models.build(models.MODELS[args.model], dtype)
+    path = models.build(models.MODELS[args.model])
     w = Workload(path, 64, 2000)
     print(f"device {mx.default_device()}, model {path.name}, {args.clients} clients")
     for kind in args.servers.split(","):

@@ -92,9 +92,8 @@ def main() -> None:
 
     import mlx.core as mx
 
-    dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
     print(f"device {mx.default_device()}, {args.tokens} tokens per reply, {args.rounds} rounds")
-    path = models.build(models.MODELS[args.model], dtype)
+    path = models.build(models.MODELS[args.model])
     w = Workload(path, args.tokens, 0)
     prompt = w.user(200)
     print(f"\n{path.name}")
@@ -106,7 +105,7 @@ def main() -> None:
     }
     measure(workloads, path, args.rounds, w.logit_bias)
 
-    draft = models.build(models.MODELS["7m"], dtype)
+    draft = models.build(models.MODELS["7m"])
     flags = ("--draft-model", str(draft), "--num-draft-tokens", "3")
     print(f"\n{path.name} with {draft.name} as its draft model (their greedy outputs differ:")
     print("drafts are mostly rejected; what this measures is batching with a draft model)")

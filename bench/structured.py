@@ -115,7 +115,7 @@ def main() -> None:
     from mlxserve.structured import lark
     from mlxserve.structured.matcher import Grammar
 
-    dtype = args.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    dtype = args.dtype or models.device_dtype()
     print(f"device: {mx.default_device()}, dtype {dtype}, {args.tokens} tokens per reply")
     print(f"{'model':>6} {'scenario':>10} {'free tok/s':>11} {'constrained':>12} {'overhead':>9}")
     for key in args.models.split(","):

@@ -63,8 +63,7 @@ def main() -> None:
 
     import mlx.core as mx
 
-    dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
-    path = models.build(models.MODELS[args.model], dtype)
+    path = models.build(models.MODELS[args.model])
     twin = path.with_name(path.name + "-twin")
     if not twin.is_dir():
         shutil.copytree(path, twin)

@@ -67,9 +67,14 @@ def assert_same(plain: tuple, speculated: tuple) -> None:
         assert [v for _, v in top] == pytest.approx([v for _, v in top0], abs=1e-4)
 
 
+def speculated(srv, outcome: str) -> float:
+    """The server's drafted or accepted tokens, every model's."""
+    suffix = f"_{outcome}_tokens_total"
+    return sum(v for (name, _), v in metrics(srv).items() if name.endswith(suffix))
+
+
 def accepted(srv) -> float:
-    values = metrics(srv)
-    return sum(v for (name, _), v in values.items() if name.endswith("_accepted_tokens_total"))
+    return speculated(srv, "accepted")
 
 
 def think_bias(model) -> dict:
@@ -200,9 +205,6 @@ def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
     the model itself accepts (nearly) every draft, which also shows that the draft's
     caches stay aligned with the model's through the prompt cache and the batch."""
     srv = launch(tiny_model, "--draft-model", str(request.getfixturevalue(draft)))
-    drafted = lambda: sum(  # noqa: E731
-        v for (name, _), v in metrics(srv).items() if name.endswith("_drafted_tokens_total")
-    )
     expected = [(c.message, c.request) for c in CONVERSATIONS]
     for _ in range(2):  # the second time from the prompt cache
         for message, body in expected:
@@ -215,9 +217,9 @@ def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
     finally:
         background.close()
     assert batched == [m for m, _ in expected]
-    assert drafted() > 0
+    assert speculated(srv, "drafted") > 0
     if draft == "tiny_model":
-        assert accepted(srv) >= 0.97 * drafted()  # 89% when the draft lags a token
+        assert accepted(srv) >= 0.97 * speculated(srv, "drafted")  # 89% when the draft lags a token
         # Steps without drafts (every row follows a penalty) keep the draft aligned too:
         # the conversation continued from such a reply's cached caches drafts as well.
         story = BY_NAME["story"]
@@ -228,8 +230,8 @@ def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
             first["choices"][0]["message"],
             {"role": "user", "content": "Tell me a story."},
         ]
-        before = (accepted(srv), drafted())
+        before = (accepted(srv), speculated(srv, "drafted"))
         status, _, second = srv.post(CHAT, {"messages": turn, "max_tokens": 60})
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 150
-        gained = (accepted(srv) - before[0], drafted() - before[1])
+        gained = (accepted(srv) - before[0], speculated(srv, "drafted") - before[1])
         assert gained[0] >= 0.97 * gained[1] > 0
