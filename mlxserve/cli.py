@@ -12,6 +12,7 @@ from pathlib import Path
 from mlxserve import __version__
 from mlxserve.config import ModelSettings, SamplingDefaults, ServerConfig
 from mlxserve.config_file import load_models
+from mlxserve.distributed.world import MODES
 from mlxserve.postprocess import reasoning, tools
 from mlxserve.telemetry.record import RequestIdFilter
 
@@ -275,6 +276,20 @@ def parser() -> argparse.ArgumentParser:
         help="most megabytes (as JSON) the stored responses take; least recently used go first",
     )
     p.add_argument(
+        "--distributed",
+        choices=MODES,
+        help="under mlx.launch, how the ranks split the model: tensor (every layer split) "
+        "or pipeline (a run of layers each) (default: tensor where the architecture "
+        "supports it)",
+    )
+    p.add_argument(
+        "--distributed-timeout",
+        type=positive_float,
+        default=DEFAULTS.distributed_timeout,
+        help="seconds without a heartbeat after which a rank has failed: rank 0 answers "
+        "503 and exits",
+    )
+    p.add_argument(
         "--log-level", default=DEFAULTS.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     p.add_argument("--version", action="version", version=f"mlxserve {__version__}")
@@ -356,6 +371,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         responses_store_mb=args.responses_store_mb,
         pin=args.pin,
         idle_unload_seconds=args.idle_unload_seconds,
+        distributed=args.distributed,
+        distributed_timeout=args.distributed_timeout,
     )
 
 

@@ -98,6 +98,9 @@ class ServerConfig:
     responses_store_mb: float = 256.0  # their bound in bytes, as JSON
     pin: bool = False  # the --model models are never unloaded
     idle_unload_seconds: float | None = None  # None: models stay until memory is needed
+    # Under mlx.launch: "tensor" or "pipeline" parallelism; None: tensor where supported
+    distributed: str | None = None
+    distributed_timeout: float = 30.0  # a rank silent this long has failed
 
     @property
     def model(self) -> str:

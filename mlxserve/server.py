@@ -19,8 +19,12 @@ import mlx.core as mx
 from mlxserve.api.handler import APIHandler
 from mlxserve.api.routes import Routes
 from mlxserve.config import ServerConfig
+from mlxserve.distributed.cluster import Cluster, FaultHandler
+from mlxserve.distributed.lockstep import Follower, Leader
+from mlxserve.distributed.world import World, join_world
 from mlxserve.engine.batch import BatchLimits
 from mlxserve.engine.disk_cache import DiskCache
+from mlxserve.engine.lockstep import Lockstep
 from mlxserve.engine.memory import CACHE_LIMIT_SHARE, GB, device_memory
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
@@ -76,10 +80,45 @@ class MLXServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/v1"
 
 
-def build_server(config: ServerConfig) -> MLXServer:
-    """Resolve and load the served model on the generation thread, then bind the socket."""
+def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
+    """Resolve and load the served model on the generation thread, then bind the socket.
+    `world`: the ranks of a distributed server, this one rank 0."""
     paths = [resolve_model_path(settings.model) for settings in config.models]
-    provider = ModelProvider(config, paths)
+    budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
+    cluster = Cluster(world, config, paths, budget) if world is not None else None
+    faults = FaultHandler(DRAIN_SECONDS)
+    lockstep = None
+    if cluster is not None and cluster.hub is not None:
+        lockstep = Leader(cluster.world, cluster.hub, faults)
+        budget = cluster.startup.memory_budget
+    provider = ModelProvider(config, paths, cluster.split if cluster else None)
+    worker = start_worker(config, provider, budget, lockstep)
+    if cluster is not None and cluster.hub is not None:
+        worker.call(cluster.seed)
+        cluster.check_even(worker.call(lambda: worker.accounting(provider.default)))
+        cluster.hub.watch(config.distributed_timeout, faults)
+    metrics = Metrics()
+    metrics.watch(
+        running=lambda: worker.running,
+        waiting=lambda: worker.waiting,
+        prompt_cache_bytes=lambda: worker.prompt_cache.nbytes,
+        model_bytes=provider.memory_by_model,
+        mlx_active_bytes=mx.get_active_memory,
+        mlx_cache_bytes=mx.get_cache_memory,
+        speculation=lambda: [
+            (provider.name(spec), counts.drafted, counts.accepted)
+            for spec, counts in worker.speculation()
+        ],
+    )
+    server = MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
+    faults.attach(worker, server.drain)
+    return server
+
+
+def start_worker(
+    config: ServerConfig, provider: ModelProvider, budget: int, lockstep: Lockstep | None
+) -> GenerationWorker:
+    """The generation thread, started, with every served model loaded."""
     disk = None
     if config.prompt_cache_dir is not None:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
@@ -92,9 +131,10 @@ def build_server(config: ServerConfig) -> MLXServer:
         speculation=config.speculation,
         max_draft=config.max_draft,
     )
-    budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
     capacity = config.max_concurrent + config.max_queue
-    worker = GenerationWorker(provider, cache, limits, capacity, budget, config.idle_unload_seconds)
+    worker = GenerationWorker(
+        provider, cache, limits, capacity, budget, config.idle_unload_seconds, lockstep
+    )
     worker.start()
     worker.call(lambda: _bound_buffer_cache(config, budget))
     for name, spec in provider.served.items():
@@ -106,20 +146,42 @@ def build_server(config: ServerConfig) -> MLXServer:
         log.info(
             "Serving %r from %s (ready in %.1fs)", name, spec.path, time.perf_counter() - start
         )
-    metrics = Metrics()
-    metrics.watch(
-        running=lambda: worker.running,
-        waiting=lambda: worker.waiting,
-        prompt_cache_bytes=lambda: cache.nbytes,
-        model_bytes=provider.memory_by_model,
-        mlx_active_bytes=mx.get_active_memory,
-        mlx_cache_bytes=mx.get_cache_memory,
-        speculation=lambda: [
-            (provider.name(spec), counts.drafted, counts.accepted)
-            for spec, counts in worker.speculation()
-        ],
+    return worker
+
+
+def follow(config: ServerConfig, world: World) -> None:
+    """A rank other than 0: load this rank's share of the model and replay rank 0's
+    generation loop until rank 0 stops (exit 0) or is gone (exit 1). Never returns."""
+    paths = [resolve_model_path(settings.model) for settings in config.models]
+    budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
+    cluster = Cluster(world, config, paths, budget)
+    assert cluster.link is not None
+    provider = ModelProvider(config, paths, cluster.split)
+    spec = provider.default
+    lockstep = Follower(
+        world, cluster.link, spec, provider.tokenizer(spec), lambda why: _leave(1, why)
     )
-    return MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
+    worker = start_worker(config, provider, cluster.startup.memory_budget, lockstep)
+    worker.call(cluster.seed)
+    cluster.check_even(worker.call(lambda: worker.accounting(spec)))
+    cluster.link.beat(on_lost=lambda: _leave(1, "Lost the line to rank 0; stopping"))
+    # Ctrl-C reaches every rank the launcher started on this machine: rank 0 stops the
+    # group (its last step says so), so the others let it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log.info("Rank %d (pid %d) follows rank 0", world.rank, os.getpid())
+    if lockstep.follow(worker):
+        worker.stop()
+        _leave(0, "Rank 0 stopped; stopping")
+    _leave(1, "Rank 0 is gone; stopping")
+
+
+def _leave(status: int, message: str) -> None:
+    """Exit now (the generation thread may be blocked in a collective for good)."""
+    (log.info if status == 0 else log.error)(message)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _bound_buffer_cache(config: ServerConfig, budget: int) -> None:
@@ -134,7 +196,10 @@ def _bound_buffer_cache(config: ServerConfig, budget: int) -> None:
 
 
 def run(config: ServerConfig) -> None:
-    server = build_server(config)
+    world = join_world()
+    if world is not None and not world.leader:
+        follow(config, world)
+    server = build_server(config, world)
     # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     models = ", ".join(settings.served_name for settings in config.models)

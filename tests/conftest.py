@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +34,7 @@ class Server:
     process: subprocess.Popen
     url: str  # http://host:port
     log: list[str] = field(default_factory=list)
+    group: bool = False  # mlx.launch and its ranks: stopped as Ctrl-C in a terminal does
 
     @property
     def base_url(self) -> str:
@@ -53,10 +57,17 @@ class Server:
         return _send(urllib.request.Request(self.url + path, method="DELETE"), timeout)
 
     def stop(self) -> None:
-        self.process.terminate()
+        if self.group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGINT)
+        else:
+            self.process.terminate()
         try:
             self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:
+            if self.group:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
             self.process.kill()
 
 
@@ -79,10 +90,18 @@ def start_server(
     *args: str,
     env: dict | None = None,
     preexec: Callable[[], None] | None = None,
+    ranks: int = 1,
 ) -> Server:
     """Start `python -m mlxserve` on a free port and wait until it says it is ready.
-    `preexec` runs in the child before it starts (to set resource limits)."""
+    `preexec` runs in the child before it starts (to set resource limits). `ranks` > 1:
+    as a distributed server, `mlx.launch --backend ring` on this machine, the launcher
+    and its ranks in a process group of their own."""
     command = [sys.executable, "-m", "mlxserve", "--model", str(model), "--port", "0", *args]
+    if ranks > 1:
+        bin_dir = Path(sys.executable).parent
+        launcher = [str(bin_dir / "mlx.launch"), "--backend", "ring", "-n", str(ranks)]
+        launcher += ["--starting-port", str(_free_ports(ranks))]
+        command = [*launcher, str(bin_dir / "mlxserve"), *command[3:]]
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -90,6 +109,7 @@ def start_server(
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
         preexec_fn=preexec,
+        start_new_session=ranks > 1,
     )
     log: list[str] = []
     ready = threading.Event()
@@ -107,7 +127,25 @@ def start_server(
     if not ready.wait(STARTUP_SECONDS) or not url:
         process.kill()
         raise RuntimeError("mlxserve did not start:\n" + "".join(log))
-    return Server(process, url[0], log)
+    return Server(process, url[0], log, group=ranks > 1)
+
+
+def _free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free now (the ring backend's, one per rank)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(first, first + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
 
 
 @pytest.fixture(scope="session")
@@ -269,8 +307,8 @@ def launch() -> Iterator:
     """Start extra servers with their own flags; all are stopped after the test."""
     started: list[Server] = []
 
-    def _launch(model, *args, env=None, preexec=None) -> Server:
-        srv = start_server(model, *args, env=env, preexec=preexec)
+    def _launch(model, *args, env=None, preexec=None, ranks=1) -> Server:
+        srv = start_server(model, *args, env=env, preexec=preexec, ranks=ranks)
         started.append(srv)
         return srv
 

@@ -100,11 +100,17 @@ class BatchSession:
         limits: BatchLimits,
         trim_prompt_cache: Callable[[], None],
         draft_tokens: int,
+        clock: Callable[[], float] = time.perf_counter,
+        agree: Callable[[float], float] | None = None,
     ):
         """`trim_prompt_cache`: called when KV caches grew or were set free, for the
         prompt cache to give way within the budget (the worker knows every model's);
-        `draft_tokens`: drafted per step by the model's draft model, if it has one."""
+        `draft_tokens`: drafted per step by the model's draft model, if it has one;
+        `clock`: what the scheduler reads as now; `agree`: where ranks run this batch in
+        lockstep, rank 0's value of a measurement on every rank (see engine.lockstep)."""
         self._loaded = loaded
+        self._clock = clock
+        self._agree = agree or (lambda value: value)
         self._layers = len(make_prompt_cache(loaded.model))  # the model's own caches
         self._draft_tokens = draft_tokens
         self._cache = cache
@@ -143,6 +149,7 @@ class BatchSession:
         self.speculation = self._speculate() if not self.checkpoints else None
         self._sequences: dict[int, _Sequence] = {}
         self._admitted: list[_Admitted] = []
+        self.trace = 0  # a hash of every (sequence, token) generated, in order
 
     def _speculate(self) -> SpeculationCounts | None:
         """Prompt-lookup drafts in the decode step, when asked for (or, with "auto", when
@@ -155,7 +162,7 @@ class BatchSession:
         if mode == "off" or self._limits.max_draft <= 0:
             return None
         if mode == "auto":
-            cost = verify_cost(self._loaded.model, width)
+            cost = self._agree(verify_cost(self._loaded.model, width))
             log.info("Verifying %d tokens costs %.1f steps of one on this device", width, cost)
             if cost > width / 2:
                 log.info("Prompt-lookup speculation off for %s: it cannot pay", self.spec.path.name)
@@ -213,7 +220,7 @@ class BatchSession:
         hit = self._cache.fetch(self._key, self._fresh, job.prompt)
         if self._quantization is not None and hit.rest:
             hit.cache = self._quantization.plain(hit.cache)
-        self._admitted.append(_Admitted([job], hit, time.perf_counter()))
+        self._admitted.append(_Admitted([job], hit, self._clock()))
         self._trim_prompt_cache()
 
     def step(self) -> None:
@@ -227,6 +234,7 @@ class BatchSession:
         finished: list[int] = []
         stopped: list[int] = []
         for r in responses:  # a sequence may have several tokens in one step (speculation)
+            self.trace = hash((self.trace, r.uid, r.token))
             if r.uid in finished or r.uid in stopped:
                 continue  # the tokens after its stop string are not output
             sequence = self._sequences[r.uid]
@@ -256,7 +264,7 @@ class BatchSession:
     def _schedule(self) -> None:
         if not self._admitted:
             return
-        now = time.perf_counter()
+        now = self._clock()
         plan = plan_prefill(
             [a.view(now) for a in self._admitted],
             self._limits.prefill_chunk,
@@ -288,7 +296,7 @@ class BatchSession:
         total = len(admitted.jobs[0].prompt)
         done = total - len(hit.rest)
         if done // LOG_EVERY > (done - tokens) // LOG_EVERY:
-            elapsed = time.perf_counter() - admitted.arrived
+            elapsed = self._clock() - admitted.arrived
             log.info("prompt processing %d/%d tokens (%.1fs)", done, total, elapsed)
 
     def _to_last_token(self, admitted: _Admitted) -> None:

@@ -79,10 +79,17 @@ class GenerationJob:
     # of the system prompt and tools, which new conversations share)
     checkpoints: tuple[int, ...] = ()
     events: queue.Queue = field(default_factory=queue.Queue)
+    # What the generation loop reads. Where several ranks run the loop in lockstep, a
+    # cancellation is only requested here and takes effect at the loop step the worker
+    # picks, the same step on every rank (see GenerationWorker).
     cancelled: threading.Event = field(default_factory=threading.Event)
+    cancel_requested: threading.Event = field(default_factory=threading.Event)
+    cancel_at_step: bool = False
 
     def emit(self, event: JobEvent) -> None:
         self.events.put((self.index, event))
 
     def cancel(self) -> None:
-        self.cancelled.set()
+        self.cancel_requested.set()
+        if not self.cancel_at_step:
+            self.cancelled.set()

@@ -7,6 +7,10 @@ and steps every busy session in turn, one step each, so that models share the th
 fairly. A model that is not resident is loaded when a request needs it, unloading the
 least recently used idle models first if the memory budget asks for it. If the loop fails,
 the requests in flight get a server error and the loop starts again with fresh sessions.
+
+Serving a model sharded across several ranks (mlxserve.distributed), every rank runs this
+loop in lockstep: rank 0 takes the submitted work and publishes each iteration's inputs
+(`LoopStep`), the other ranks replay them (see `lockstep`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
+from mlxserve.engine.lockstep import Lockstep, LoopStep
 from mlxserve.engine.memory import GB
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
@@ -61,8 +66,11 @@ class GenerationWorker:
         capacity: int,
         memory_budget: int | None = None,
         idle_unload_seconds: float | None = None,
+        lockstep: Lockstep | None = None,
     ):
         self._provider = provider
+        self._lockstep = lockstep
+        self._now = time.perf_counter()  # the clock of this loop iteration (LoopStep.now)
         self._memory_budget = memory_budget  # bytes for weights and KV caches
         self._idle_unload_seconds = idle_unload_seconds
         self._idle_check = 0.0  # when to look for idle models next (monotonic)
@@ -77,6 +85,7 @@ class GenerationWorker:
         self._starting: list[GenerationJob] = []
         self._serving = threading.Event()
         self._stopping = False
+        self._refusal = unavailable(SHUTTING_DOWN)  # what submits get once stopping
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
 
     def start(self) -> None:
@@ -143,9 +152,12 @@ class GenerationWorker:
         refuse them with a 503 when the server already holds `capacity` jobs. A request
         that finds the server idle is always taken, however many choices it has.
         Every accepted submit is paired with a `release` once the request is over."""
+        for job in jobs:
+            self._check_served(job.spec)
+            job.cancel_at_step = self._lockstep is not None
         with self._in_flight_lock:
             if self._stopping:
-                raise unavailable(SHUTTING_DOWN)
+                raise self._refusal
             if self._in_flight and self._in_flight + len(jobs) > self._capacity:
                 raise busy(
                     f"The server is busy: {self._in_flight} sequences are running or waiting "
@@ -158,6 +170,39 @@ class GenerationWorker:
     def release(self, jobs: list[GenerationJob]) -> None:
         with self._in_flight_lock:
             self._in_flight -= len(jobs)
+
+    def abandon(self, error: ServiceError) -> None:
+        """The loop cannot go on and may never return (a rank of a distributed group
+        failed; this thread can be blocked in a collective for good): answer every
+        request in flight or waiting with `error`, and refuse new ones. Any thread."""
+        with self._in_flight_lock:
+            self._stopping = True
+            self._refusal = error
+        self._serving.clear()
+        jobs = dict.fromkeys(self._starting)
+        for session in list(self._sessions.values()):
+            jobs.update(dict.fromkeys(session.jobs()))
+        for request in [*self._pending, *self._queued()]:
+            jobs.update(dict.fromkeys(request))
+        for job in jobs:
+            job.emit(ErrorEvent(error))
+
+    def _queued(self) -> list[list[GenerationJob]]:
+        """Requests submitted and not taken yet (a snapshot)."""
+        with self._intake.mutex:
+            return [item for item in self._intake.queue if isinstance(item, list)]
+
+    def accounting(self, spec: ModelSpec) -> tuple[int, int, int]:
+        """What the loop's byte decisions count for a loaded model: its weights, and its
+        KV cache per token and fixed (generation thread only: through `call`)."""
+        session = self._sessions.get(spec)
+        footprint = session.footprint if isinstance(session, BatchSession) else None
+        per_token, fixed = (footprint.per_token, footprint.fixed) if footprint else (0, 0)
+        return self._resident(spec).nbytes, per_token, fixed
+
+    def replay(self, step: LoopStep) -> None:
+        """A step of rank 0's loop, for this rank's loop to run next (following ranks)."""
+        self._intake.put(step)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the generation thread and return its result (or raise its error)."""
@@ -175,6 +220,12 @@ class GenerationWorker:
                 self._serve()
             except Exception as e:
                 self._serving.clear()
+                if self._lockstep is not None:
+                    log.error("The generation loop failed: %s", e)
+                    self._stopping = True
+                    self._fail_in_flight(unavailable(f"The distributed group failed: {e}"))
+                    self._lockstep.failed(e)
+                    break
                 log.exception("The generation loop failed; restarting it")
                 self._fail_in_flight(internal_error(f"Generation failed: {e}"))
                 reseed_random()
@@ -184,8 +235,15 @@ class GenerationWorker:
 
     def _serve(self) -> None:
         while True:
-            decoding = any(len(s) > 0 for s in self._sessions.values())
-            if not self._take(block=not decoding and not self._pending):
+            step = self._next_step()
+            if self._lockstep is not None and step.trace != self.trace():
+                raise RuntimeError("this rank's generated tokens differ from rank 0's")
+            self._now = step.now
+            self._pending.extend(step.arrived)
+            for job in step.cancelled:
+                job.cancelled.set()
+            if step.stop:
+                self._stopping = True
                 return
             self._admit()
             for session in [s for s in self._sessions.values() if len(s) > 0]:
@@ -194,30 +252,71 @@ class GenerationWorker:
                 self._idle_check = time.monotonic() + IDLE_CHECK_SECONDS
                 self._unload_idle(self._idle_unload_seconds)
 
-    def _take(self, block: bool) -> bool:
-        """Move submitted work to the pending queue (run calls at once); False on stop.
-        Woken from idle, it keeps taking while requests keep arriving (a burst of clients
-        is still rendering its prompts), so that the burst starts as one batch. Idle, it
-        wakes up now and then to unload idle models."""
+    def _next_step(self) -> LoopStep:
+        """This iteration's inputs: rank 0's on a following rank, else what was submitted
+        (published first when other ranks follow)."""
+        if self._lockstep is not None and self._lockstep.follows:
+            return self._replayed()
+        decoding = any(len(s) > 0 for s in self._sessions.values())
+        arrived = self._take(block=not decoding and not self._pending)
+        step = LoopStep(
+            time.perf_counter(),
+            arrived or [],
+            self._requested_cancellations(arrived or []),
+            stop=arrived is None,
+            trace=self.trace() if self._lockstep is not None else 0,
+        )
+        if self._lockstep is not None:
+            self._lockstep.publish(step)
+        return step
+
+    def trace(self) -> int:
+        """A hash of every token the batches generated so far (see LoopStep.trace)."""
+        return hash(tuple(s.trace for s in self._sessions.values() if isinstance(s, BatchSession)))
+
+    def _replayed(self) -> LoopStep:
+        """The next step of rank 0's loop (running local calls while waiting for it)."""
+        while True:
+            item = self._intake.get()
+            if item is None:
+                return LoopStep(self._now, stop=True)
+            if isinstance(item, LoopStep):
+                return item
+            item()
+
+    def _take(self, block: bool) -> list[list[GenerationJob]] | None:
+        """Submitted requests, in order (run calls at once); None on stop. Woken from
+        idle, it keeps taking while requests keep arriving (a burst of clients is still
+        rendering its prompts), so that the burst starts as one batch. Idle, it wakes up
+        now and then to unload idle models."""
         timeout = IDLE_CHECK_SECONDS if self._idle_unload_seconds is not None else None
+        arrived: list[list[GenerationJob]] = []
         try:
             item = self._intake.get(block=block, timeout=timeout if block else None)
         except queue.Empty:
-            return True
+            return arrived
         gather_until = time.monotonic() + GATHER_MAX_SECONDS if block else 0.0
         while True:
             if item is None:
-                self._stopping = True
-                return False
+                return None
             if callable(item):
                 item()
             else:
-                self._pending.append(item)
+                arrived.append(item)
             wait = min(GATHER_GAP_SECONDS, gather_until - time.monotonic())
             try:
                 item = self._intake.get(timeout=wait) if wait > 0 else self._intake.get_nowait()
             except queue.Empty:
-                return True
+                return arrived
+
+    def _requested_cancellations(self, arrived: list[list[GenerationJob]]) -> list[GenerationJob]:
+        """Where ranks follow this loop, the jobs whose cancellation clients asked for since
+        the last step: they take effect now, on every rank."""
+        if self._lockstep is None:
+            return []
+        live = [job for request in [*self._pending, *arrived] for job in request]
+        live += [job for session in self._sessions.values() for job in session.jobs()]
+        return [j for j in live if j.cancel_requested.is_set() and not j.cancelled.is_set()]
 
     def _admit(self) -> None:
         """Start pending requests, in order for each model: a request that does not fit
@@ -281,6 +380,12 @@ class GenerationWorker:
 
     def unload(self, spec: ModelSpec) -> None:
         """Unload a model now (generation thread only); a 409 while it has requests."""
+        if self._lockstep is not None:
+            raise bad_request(
+                "A model served across several machines (distributed) stays loaded.",
+                param="model",
+                code="model_pinned",
+            )
         if self._busy(spec):
             raise ServiceError(
                 ErrorKind.CONFLICT,
@@ -290,8 +395,20 @@ class GenerationWorker:
             )
         self._unload(spec)
 
+    def _check_served(self, spec: ModelSpec) -> None:
+        """A model sharded across ranks is the only one its ranks serve: loading another
+        (a hot swap, an embedding model) is a single-machine feature."""
+        if self._lockstep is not None and spec != self._provider.default:
+            raise bad_request(
+                f"This server serves {self._provider.name(self._provider.default)} across "
+                "several machines (distributed); it cannot load other models.",
+                param="model",
+                code="model_not_available",
+            )
+
     def _resident(self, spec: ModelSpec) -> LoadedModel:
         """The model in memory, loaded first (making room for it) if need be."""
+        self._check_served(spec)
         if not any(m.spec == spec for m in self._provider.resident):
             self._make_room(spec)
         return self._provider.activate(spec)
@@ -316,6 +433,11 @@ class GenerationWorker:
         budget = self._memory_budget
         if budget is not None and budget <= self._provider.weight_bytes():
             raise self._too_large(loaded.spec.path.name, loaded.nbytes)
+        if not can_batch(loaded) and self._lockstep is not None:
+            raise bad_request(
+                f"{loaded.spec.path.name} cannot be batched, and only a batch runs in "
+                "lockstep across machines: serve it on one machine."
+            )
         if not can_batch(loaded):
             why = (
                 "a vision model"
@@ -326,8 +448,15 @@ class GenerationWorker:
             if loaded.spec.vision:  # the disk format is mlx-lm's cache classes
                 self._cache.keep_off_disk(loaded.spec.key)
             return StreamSession(loaded, self._cache, self._limits.prefill_chunk, draft_tokens)
+        lockstep = self._lockstep
         return BatchSession(
-            loaded, self._cache, self._limits, self._trim_prompt_cache, draft_tokens
+            loaded,
+            self._cache,
+            self._limits,
+            self._trim_prompt_cache,
+            draft_tokens,
+            clock=lambda: self._now,
+            agree=lockstep.agree if lockstep is not None else None,
         )
 
     def _too_large(self, name: str, weight_bytes: int) -> ServiceError:

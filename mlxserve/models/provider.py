@@ -106,10 +106,18 @@ def resolve_model_path(name: str) -> Path:
 
 
 class ModelProvider:
-    def __init__(self, config: ServerConfig, paths: list[Path]):
+    def __init__(
+        self,
+        config: ServerConfig,
+        paths: list[Path],
+        split: Callable[[Any], None] | None = None,
+    ):
         """`paths`: the folders of the served models (config.models), in order; the first
-        is the default, and the one --adapter-path and --draft-model apply to."""
+        is the default, and the one --adapter-path and --draft-model apply to. `split`:
+        splits a text model across the ranks of a distributed server before its weights
+        are read (each rank then reads only its share)."""
         self.config = config
+        self._split = split
         self.alias = config.model
         self.served: dict[str, ModelSpec] = {}
         self._settings: dict[ModelSpec, ModelSettings] = {}
@@ -321,6 +329,7 @@ class ModelProvider:
 
     def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None]:
         """(model, draft model or None)."""
+        import mlx.core as mx
         from mlx_lm.utils import load_adapters, load_model
 
         trust = self.config.trust_remote_code
@@ -329,7 +338,10 @@ class ModelProvider:
             return load_embedding_model(spec.path, pad_id, trust), None
         if spec.vision:
             return load_vision_model(spec.path, spec.adapter_path), None
-        model, _ = load_model(spec.path, trust_remote_code=trust)
+        model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
+        if self._split is not None:
+            self._split(model)
+        mx.eval(model.parameters())
         if spec.adapter_path:
             model = load_adapters(model, spec.adapter_path)
             model.eval()

@@ -73,6 +73,7 @@ class Grammar:
     """A grammar compiled for one tokenizer; each generated sequence follows its own copy."""
 
     def __init__(self, tokenizer, lark: str):
+        self.lark = lark  # the source: other ranks of a distributed server compile it too
         ll = ll_tokenizer(tokenizer)
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)

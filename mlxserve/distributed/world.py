@@ -1,0 +1,74 @@
+"""The group of ranks mlx.launch started, values every rank must share, and how a model
+is split across the ranks."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+MODES = ("tensor", "pipeline")
+
+
+@dataclass(frozen=True)
+class World:
+    group: Any  # mx.distributed.Group
+    rank: int
+    size: int
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+def join_world() -> World | None:
+    """The group this process was launched into; None when it runs alone."""
+    group = mx.distributed.init()
+    if group.size() == 1:
+        return None
+    return World(group, group.rank(), group.size())
+
+
+def share(world: World, value: object = None) -> Any:
+    """Rank 0's `value` on every rank (the others pass nothing). Two collectives: every
+    rank calls it at the same point; start-up and session opening only."""
+    data = np.frombuffer(pickle.dumps(value), dtype=np.uint8) if world.leader else None
+    size = _sum(world, mx.array(len(data) if data is not None else 0, dtype=mx.int32))
+    buffer = mx.array(data) if data is not None else mx.zeros(int(size.item()), dtype=mx.uint8)
+    return pickle.loads(bytes(np.array(_sum(world, buffer))))
+
+
+def _sum(world: World, array: mx.array) -> mx.array:
+    total = mx.distributed.all_sum(array, group=world.group, stream=mx.cpu)
+    mx.eval(total)
+    return total
+
+
+def split_model(model: Any, world: World, mode: str | None) -> str:
+    """Split `model` across the ranks, before its weights are read, so that each rank
+    reads only its own share: `tensor` (every layer's heads and MLP split: mlx-lm's
+    `shard`) or `pipeline` (each rank a run of whole layers: mlx-lm's `pipeline`); None:
+    tensor where the architecture supports it. Returns the mode used."""
+    modes = {
+        "tensor": hasattr(model, "shard"),
+        "pipeline": hasattr(getattr(model, "model", None), "pipeline"),
+    }
+    supported = [m for m in MODES if modes[m]]
+    kind = getattr(model, "model_type", type(model).__module__.rsplit(".", 1)[-1])
+    if mode is None and supported:
+        mode = supported[0]
+    if mode is None or mode not in supported:
+        wanted = f"{mode} parallelism" if mode else "splitting"
+        can = " or ".join(supported) or "neither"
+        raise ValueError(
+            f"mlx-lm's {kind} architecture does not support {wanted} across machines "
+            f"(it supports {can})."
+        )
+    if mode == "tensor":
+        model.shard(world.group)
+    else:
+        model.model.pipeline(world.group)
+    return mode

@@ -1,0 +1,293 @@
+"""One model across two ranks: `mlx.launch --backend ring -n 2 mlxserve ...` on this
+machine. Greedy replies equal the single-process server's token for token (alone, all at
+once, streamed, with stops, tool calls and a grammar); sampled, cancelled and concurrent
+requests keep the ranks in step; what stays single-machine says so; a rank that dies or
+hangs makes rank 0 answer 503 and exit, and Ctrl-C stops every rank.
+
+tiny-chat (qwen3) splits by tensor parallelism; tiny-hybrid (qwen3_next, whose mlx-lm
+architecture has no `shard`) by pipeline parallelism."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import start_server
+from conversations import BY_NAME, CONVERSATIONS
+from sse import open_stream
+from test_batching import ENDS, concurrently, endless_stream, tokens_and_message
+from test_http import endless
+from test_structured import NO_THINKING, SCHEMAS, assert_valid, constrained
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model):
+    srv = start_server(tiny_model, "--keepalive-seconds", "0.5", ranks=2)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def hybrid_pair(hybrid_model):
+    srv = start_server(hybrid_model, ranks=2)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def hybrid_single(hybrid_model):
+    srv = start_server(hybrid_model)
+    yield srv
+    srv.stop()
+
+
+def answer(srv, body: dict) -> tuple[dict, list[str], list[float]]:
+    """(message and finish reason, tokens, logprobs) of a non-streamed reply."""
+    status, _, reply = srv.post(CHAT, {**body, "logprobs": True})
+    assert status == 200, reply
+    choice = reply["choices"][0]
+    for call in choice["message"].get("tool_calls") or []:
+        del call["id"]
+    entries = choice["logprobs"]["content"]
+    outcome = {"message": choice["message"], "finish_reason": choice["finish_reason"]}
+    return outcome, [e["token"] for e in entries], [e["logprob"] for e in entries]
+
+
+def assert_same(single: tuple, distributed: tuple) -> None:
+    """The same message, finish reason and tokens; logprobs to float32 rounding (the
+    ranks add their partial sums in another order than one process does)."""
+    assert distributed[0] == single[0]
+    assert distributed[1] == single[1]
+    assert distributed[2] == pytest.approx(single[2], abs=1e-4)
+
+
+def logged(srv, pattern: str, seconds: float = 10) -> re.Match:
+    """The first log line matching `pattern` (the other ranks may log after rank 0 says
+    it is ready)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for line in list(srv.log):
+            if found := re.search(pattern, line):
+                return found
+        time.sleep(0.05)
+    raise AssertionError(f"nothing logged matches {pattern!r}:\n" + "".join(srv.log[-30:]))
+
+
+def rank_pid(srv, rank: int) -> int:
+    return int(logged(srv, rf"Rank {rank} of \d+ \(pid (\d+)\)").group(1))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+def test_the_ranks_split_the_model_by_tensor_parallelism(pair):
+    logged(pair, "Split across 2 ranks: tensor parallelism")
+    logged(pair, r"Rank 1 \(pid \d+\) follows rank 0")
+
+
+@pytest.mark.parametrize("conv", CONVERSATIONS, ids=lambda c: c.name)
+def test_greedy_replies_equal_the_single_process_servers(server, pair, conv):
+    assert_same(answer(server, conv.request), answer(pair, conv.request))
+
+
+def test_all_at_once_beside_a_running_stream(server, pair, tiny_model):
+    """Every request joins a running batch; each gets its reply alone."""
+    alone = [answer(server, c.request) for c in CONVERSATIONS]
+    background = endless_stream(pair, tiny_model, ENDS["tiny_model"])
+    try:
+        batched = concurrently(lambda c: answer(pair, c.request), CONVERSATIONS)
+    finally:
+        background.close()
+    for single, distributed in zip(alone, batched, strict=True):
+        assert_same(single, distributed)
+
+
+@pytest.mark.parametrize("name", ["unicode", "think", "tool_call"])
+def test_streamed_replies_equal_the_single_process_servers(server, pair, name):
+    body = BY_NAME[name].request
+    assert tokens_and_message(pair, body, streamed=True) == tokens_and_message(
+        server, body, streamed=False
+    )
+
+
+def test_a_stop_string_ends_the_reply_where_it_does_in_one_process(server, pair):
+    body = {**BY_NAME["story"].request, "stop": [" the "], "max_tokens": 60}
+    single, distributed = answer(server, body), answer(pair, body)
+    assert_same(single, distributed)
+    assert distributed[0]["finish_reason"] == "stop"
+    assert " the " not in distributed[0]["message"]["content"]
+
+
+def test_a_grammar_constrained_reply(server, pair):
+    body = constrained("capital", "nested", **NO_THINKING)
+    single, distributed = answer(server, body), answer(pair, body)
+    assert_same(single, distributed)
+    assert_valid(distributed[0]["message"]["content"], SCHEMAS["nested"])
+
+
+def test_sampled_requests_at_once_keep_the_ranks_in_step(server, pair):
+    """Unseeded draws come from one random state every rank seeded alike; seeded ones
+    from their own key: the batch ends each row at the same step on every rank (or the
+    ranks would stall). A seed gives the single-process server's text."""
+
+    def sampled(seed: int | None, tokens: int = 30) -> str:
+        body = {
+            "messages": BY_NAME["story"].messages,
+            "temperature": 1.2,
+            "max_tokens": tokens,
+            **({"seed": seed} if seed is not None else {}),
+        }
+        status, _, reply = pair.post(CHAT, body, timeout=60)
+        assert status == 200, reply
+        return reply["choices"][0]["message"]["content"]
+
+    alone = [sampled(seed) for seed in (1, 2)]
+    batched = concurrently(lambda args: sampled(*args), [(1,), (None, 7), (2,), (None, 50)])
+    assert [batched[0], batched[2]] == alone
+    _, _, reply = server.post(
+        CHAT,
+        {"messages": BY_NAME["story"].messages, "temperature": 1.2, "max_tokens": 30, "seed": 1},
+    )
+    assert reply["choices"][0]["message"]["content"] == alone[0]
+
+
+def test_a_client_that_disconnects_leaves_both_ranks_in_step(server, pair, tiny_model):
+    for _ in range(2):
+        conn, response = open_stream(
+            pair.url, CHAT, {**endless(tiny_model, max_tokens=3000), "stream": True}
+        )
+        assert response.status == 200
+        response.readline()
+        conn.close()
+    conv = BY_NAME["count"]
+    assert_same(answer(server, conv.request), answer(pair, conv.request))
+
+
+def test_other_models_are_a_single_machine_feature(pair, tmp_path):
+    status, _, body = pair.post("/v1/models/unload", {"model": "default"})
+    assert status == 400 and body["error"]["code"] == "model_pinned"
+    assert "distributed" in body["error"]["message"]
+    status, _, body = pair.post(CHAT, {**BY_NAME["capital"].request, "model": "nope/nope"})
+    assert status == 404  # unknown, as on one machine
+    assert answer(pair, BY_NAME["capital"].request)[0]["message"]["content"] == (
+        BY_NAME["capital"].reply
+    )
+
+
+def test_a_draft_model_is_refused_at_start(tiny_model):
+    """Both ranks say why and exit; the launcher exits with them."""
+    bin_dir = os.path.dirname(sys.executable)
+    command = [
+        os.path.join(bin_dir, "mlx.launch"),
+        "--backend",
+        "ring",
+        "-n",
+        "2",
+        os.path.join(bin_dir, "mlxserve"),
+        "--model",
+        str(tiny_model),
+        "--draft-model",
+        str(tiny_model),
+        "--port",
+        "0",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert "a distributed server (launched by mlx.launch) cannot serve" in output
+    assert "a draft model (--draft-model)" in output
+    assert "mlxserve is ready" not in output
+
+
+def test_a_hybrid_model_splits_by_pipeline_and_replies_as_one_process(hybrid_pair, hybrid_single):
+    """qwen3_next: recurrent layers between attention layers, random weights; alone and
+    all at once, and a second turn continues from the prompt cache on both."""
+    logged(hybrid_pair, "Split across 2 ranks: pipeline parallelism")
+    bodies = [{**c.request, "max_tokens": 24} for c in CONVERSATIONS[:4]]
+    alone = [answer(hybrid_single, b) for b in bodies]
+    for single, distributed in zip(alone, [answer(hybrid_pair, b) for b in bodies], strict=True):
+        assert_same(single, distributed)
+    batched = concurrently(lambda b: answer(hybrid_pair, b), bodies)
+    for single, distributed in zip(alone, batched, strict=True):
+        assert_same(single, distributed)
+    first = alone[0][0]["message"]
+    turn = {
+        "messages": [*bodies[0]["messages"], first, {"role": "user", "content": "And Spain?"}],
+        "max_tokens": 16,
+    }
+    replies = [srv.post(CHAT, turn)[2] for srv in (hybrid_single, hybrid_pair)]
+    assert replies[1]["choices"] == replies[0]["choices"]
+    assert replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def stream_until_error(response, seconds: float) -> str:
+    """Read a stream to its end (the server must end it within `seconds`); its text."""
+    response.fp.raw._sock.settimeout(seconds)
+    return response.read().decode()
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_failed_rank_makes_rank_0_answer_503_and_exit(tiny_model, fault):
+    """A rank killed (its connections close) or stopped (no heartbeat for
+    --distributed-timeout): the stream in flight ends with an error event, a new request
+    gets a 503 or finds the port closed, and every process exits."""
+    srv = start_server(tiny_model, "--distributed-timeout", "3", ranks=2)
+    follower = rank_pid(srv, 1)
+    try:
+        conn, response = open_stream(
+            srv.url, CHAT, {**endless(tiny_model, max_tokens=3000), "stream": True}
+        )
+        assert response.status == 200
+        response.readline()
+        os.kill(follower, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        text = stream_until_error(response, 30)
+        assert '"error"' in text and "distributed group failed" in text, text[-500:]
+        conn.close()
+        try:
+            status, _, body = srv.post(CHAT, BY_NAME["capital"].request, timeout=10)
+            assert status == 503, body
+        except OSError:
+            pass  # rank 0 has already exited
+        leader = rank_pid(srv, 0)
+        deadline = time.monotonic() + 30
+        while alive(leader) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(leader)
+        if fault == "hung":  # (a killed rank: mlx.launch may stop rank 0 first, SIGTERM)
+            log = "".join(srv.log)
+            assert "A rank of the distributed group failed: rank 1 sent no heartbeat" in log
+    finally:
+        if alive(follower):
+            os.kill(follower, signal.SIGKILL)
+        srv.stop()
+
+
+def test_ctrl_c_stops_every_rank(tiny_model):
+    """SIGINT to the launcher's process group, as Ctrl-C in its terminal: rank 0 shuts
+    down (its last step tells the others) and every rank exits 0. (The launcher stops
+    relaying their output at the SIGINT, but says which rank exits otherwise.)"""
+    srv = start_server(tiny_model, ranks=2)
+    pids = [rank_pid(srv, 0), rank_pid(srv, 1)]
+    assert answer(srv, BY_NAME["capital"].request)[0]["message"]["content"] == (
+        BY_NAME["capital"].reply
+    )
+    os.killpg(srv.process.pid, signal.SIGINT)
+    srv.process.wait(timeout=30)  # the launcher itself dies of the SIGINT (status -2)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+    log = "".join(srv.log)
+    assert "exited with code" not in log and "was killed" not in log, log[-2000:]
