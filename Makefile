@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation clean
+.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed clean
 
 install: $(VENV)/.installed
 
@@ -61,6 +61,9 @@ bench-two-models: install
 
 bench-speculation: install
 	$(WITH_BLAS) $(PY) bench/speculation.py $(ARGS)
+
+bench-distributed: install
+	$(WITH_BLAS) $(PY) bench/distributed.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,10 +1,13 @@
-"""Servers as black boxes: start one from this venv, stream chat requests at it, read its
-CPU time, stop it (SIGTERM, as a service manager would)."""
+"""Servers as black boxes: start one from this venv (alone, or on several ranks through
+mlx.launch), stream chat requests at it, read its CPU time, stop it (SIGTERM, as a service
+manager would; Ctrl-C, as in a terminal, for a launcher and its ranks)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -48,17 +51,27 @@ def free_port() -> int:
 
 
 class Target:
-    def __init__(self, kind: str, model: Path, *args: str):
+    def __init__(self, kind: str, model: Path, *args: str, ranks: int = 1):
+        """`ranks` > 1: `mlx.launch --backend ring` on this machine starts the server."""
         self.kind = kind
         self.port = free_port()
+        self.ranks = ranks
         command = [sys.executable, "-m", MODULES[kind], "--model", str(model)]
         command += ["--port", str(self.port), *args]
+        if ranks > 1:
+            bin_dir = Path(sys.executable).parent
+            launcher = [str(bin_dir / "mlx.launch"), "--backend", "ring", "-n", str(ranks)]
+            launcher += ["--starting-port", str(free_port())]
+            command = [*launcher, str(bin_dir / MODULES[kind]), *command[3:]]
         if kind == "mlxserve" and "--speculation" not in args:
             # The random bench models' greedy output repeats itself: speculation's best
             # case, measured on its own by bench/speculation.py, not in every comparison.
             command += ["--speculation", "off"]
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=ranks > 1,
         )
         self._wait_ready()
         self._ps = psutil.Process(self.process.pid)
@@ -165,8 +178,13 @@ class Target:
         return replies
 
     def stop(self) -> None:
-        self.process.terminate()
+        if self.ranks > 1:
+            os.killpg(self.process.pid, signal.SIGINT)
+        else:
+            self.process.terminate()
         try:
             self.process.wait(timeout=120)
         except subprocess.TimeoutExpired:
+            if self.ranks > 1:
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.kill()

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# Which file holds each weight: mlx-lm's pipeline loading (mlx_lm.server --pipeline) reads it
+WEIGHT_INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ def device_dtype() -> str:
     return "bfloat16" if mx.default_device() == mx.gpu else "float32"
 
 
+def _write_index(folder: Path, names: list[str]) -> None:
+    weight_map = dict.fromkeys(sorted(names), "model.safetensors")
+    (folder / WEIGHT_INDEX).write_text(json.dumps({"weight_map": weight_map}))
+
+
 def build(spec: BenchModel, dtype: str | None = None) -> Path:
     """The model folder (built on first use under the mlxserve cache); `dtype`: the
     device's (`device_dtype`) unless given."""
@@ -89,6 +96,8 @@ def build(spec: BenchModel, dtype: str | None = None) -> Path:
 
     out = cache_root() / "bench" / f"{spec.name}-{dtype}"
     if (out / "model.safetensors").is_file():
+        if not (out / WEIGHT_INDEX).is_file():  # built before the index was written
+            _write_index(out, list(mx.load(str(out / "model.safetensors"))))
         return out
     tokenizer_source = ensure_demo_model()
     partial = out.with_name(out.name + ".partial")
@@ -105,6 +114,7 @@ def build(spec: BenchModel, dtype: str | None = None) -> Path:
     model.set_dtype(getattr(mx, dtype))
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(partial / "model.safetensors"), weights)
+    _write_index(partial, list(weights))
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
     params = sum(w.size for w in weights.values())

@@ -169,10 +169,11 @@ def follow(config: ServerConfig, world: World) -> None:
     # group (its last step says so), so the others let it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log.info("Rank %d (pid %d) follows rank 0", world.rank, os.getpid())
-    if lockstep.follow(worker):
-        worker.stop()
-        _leave(0, "Rank 0 stopped; stopping")
-    _leave(1, "Rank 0 is gone; stopping")
+    worker.follow()
+    worker.wait()
+    if lockstep.lost:
+        _leave(1, "Rank 0 is gone; stopping")
+    _leave(0, "Rank 0 stopped; stopping")
 
 
 def _leave(status: int, message: str) -> None:

@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlxserve.config import ServerConfig
 from mlxserve.distributed.control import Address, Hub, Link
 from mlxserve.distributed.world import World, share, split_model
+from mlxserve.engine.values import as_int
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.capabilities import is_embedding_model, is_vision_model
 from mlxserve.protocol.errors import unavailable
@@ -108,7 +109,7 @@ class Cluster:
 def share_all_equal(world: World, mine: bool) -> bool:
     """Whether every rank passed True (one collective)."""
     total = mx.distributed.all_sum(mx.array(int(mine)), group=world.group, stream=mx.cpu)
-    return int(total.item()) == world.size
+    return as_int(total) == world.size
 
 
 class FaultHandler:

@@ -13,6 +13,7 @@ import functools
 import itertools
 import logging
 import pickle
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ from mlxserve.distributed.world import World, share
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.lockstep import LoopStep
 from mlxserve.engine.sampling import GenerationParams
-from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
 from mlxserve.structured.matcher import Grammar
 
@@ -60,6 +60,9 @@ class Leader:
         self._on_failure = on_failure
         self._ids: weakref.WeakKeyDictionary[GenerationJob, int] = weakref.WeakKeyDictionary()
         self._numbers = itertools.count()
+
+    def receive(self) -> LoopStep:
+        raise RuntimeError("rank 0 takes its steps from its clients")
 
     def publish(self, step: LoopStep) -> None:
         wire = WireStep(
@@ -112,6 +115,8 @@ class Follower:
         self._tokenizer = tokenizer
         self._jobs: weakref.WeakValueDictionary[int, GenerationJob] = weakref.WeakValueDictionary()
 
+        self.lost = False  # rank 0's line closed without a last step
+
     def publish(self, step: LoopStep) -> None:
         raise RuntimeError("only rank 0 publishes steps")
 
@@ -121,14 +126,12 @@ class Follower:
     def failed(self, error: BaseException) -> None:
         self._on_failure(f"The generation loop failed: {error}")
 
-    def follow(self, worker: GenerationWorker) -> bool:
-        """Replay rank 0's steps until it stops (True) or its line breaks (False)."""
-        while (payload := self._link.receive()) is not None:
-            wire: WireStep = pickle.loads(payload)
-            worker.replay(self._step(wire))
-            if wire.stop:
-                return True
-        return False
+    def receive(self) -> LoopStep:
+        payload = self._link.receive()
+        if payload is None:
+            self.lost = True
+            return LoopStep(time.perf_counter(), stop=True)
+        return self._step(pickle.loads(payload))
 
     def _step(self, wire: WireStep) -> LoopStep:
         arrived = [[self._job(job) for job in request] for request in wire.arrived]

@@ -10,6 +10,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from mlxserve.engine.values import as_int
+
 MODES = ("tensor", "pipeline")
 
 
@@ -37,7 +39,7 @@ def share(world: World, value: object = None) -> Any:
     rank calls it at the same point; start-up and session opening only."""
     data = np.frombuffer(pickle.dumps(value), dtype=np.uint8) if world.leader else None
     size = _sum(world, mx.array(len(data) if data is not None else 0, dtype=mx.int32))
-    buffer = mx.array(data) if data is not None else mx.zeros(int(size.item()), dtype=mx.uint8)
+    buffer = mx.array(data) if data is not None else mx.zeros(as_int(size), dtype=mx.uint8)
     return pickle.loads(bytes(np.array(_sum(world, buffer))))
 
 

@@ -32,12 +32,16 @@ class LoopStep:
 class Lockstep(Protocol):
     @property
     def follows(self) -> bool:
-        """True on the ranks that replay rank 0's steps (they arrive through
-        `GenerationWorker.replay`)."""
+        """True on the ranks that replay rank 0's steps."""
         ...
 
     def publish(self, step: LoopStep) -> None:
         """Rank 0: hand the step to the other ranks before running it."""
+        ...
+
+    def receive(self) -> LoopStep:
+        """The other ranks: rank 0's next step, read on the generation thread itself (no
+        hand-over between threads on the way); a stopping step once rank 0 is gone."""
         ...
 
     def agree(self, value: float) -> float:

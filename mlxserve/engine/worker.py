@@ -85,6 +85,7 @@ class GenerationWorker:
         self._starting: list[GenerationJob] = []
         self._serving = threading.Event()
         self._stopping = False
+        self._following = False  # a following rank replays rank 0's steps (see `follow`)
         self._refusal = unavailable(SHUTTING_DOWN)  # what submits get once stopping
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
 
@@ -200,9 +201,18 @@ class GenerationWorker:
         per_token, fixed = (footprint.per_token, footprint.fixed) if footprint else (0, 0)
         return self._resident(spec).nbytes, per_token, fixed
 
-    def replay(self, step: LoopStep) -> None:
-        """A step of rank 0's loop, for this rank's loop to run next (following ranks)."""
-        self._intake.put(step)
+    def follow(self) -> None:
+        """On a following rank, once it is ready (its model loaded): from now on the loop
+        runs rank 0's steps, and local calls are no longer taken."""
+
+        def start() -> None:
+            self._following = True
+
+        self.call(start)
+
+    def wait(self) -> None:
+        """Until the generation thread ends (a following rank: when rank 0 stops)."""
+        self._thread.join()
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the generation thread and return its result (or raise its error)."""
@@ -256,7 +266,7 @@ class GenerationWorker:
         """This iteration's inputs: rank 0's on a following rank, else what was submitted
         (published first when other ranks follow)."""
         if self._lockstep is not None and self._lockstep.follows:
-            return self._replayed()
+            return self._lockstep.receive() if self._following else self._local_call()
         decoding = any(len(s) > 0 for s in self._sessions.values())
         arrived = self._take(block=not decoding and not self._pending)
         step = LoopStep(
@@ -274,15 +284,13 @@ class GenerationWorker:
         """A hash of every token the batches generated so far (see LoopStep.trace)."""
         return hash(tuple(s.trace for s in self._sessions.values() if isinstance(s, BatchSession)))
 
-    def _replayed(self) -> LoopStep:
-        """The next step of rank 0's loop (running local calls while waiting for it)."""
-        while True:
-            item = self._intake.get()
-            if item is None:
-                return LoopStep(self._now, stop=True)
-            if isinstance(item, LoopStep):
-                return item
-            item()
+    def _local_call(self) -> LoopStep:
+        """A following rank before it follows: run the next local call (loading its model)."""
+        item = self._intake.get()
+        if item is None:
+            return LoopStep(self._now, stop=True)
+        item()
+        return LoopStep(self._now, trace=self.trace())
 
     def _take(self, block: bool) -> list[list[GenerationJob]] | None:
         """Submitted requests, in order (run calls at once); None on stop. Woken from
