@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlxserve.api.handler import APIHandler
 from mlxserve.api.routes import Routes
 from mlxserve.config import ServerConfig
-from mlxserve.distributed.cluster import Cluster, FaultHandler
+from mlxserve.distributed.cluster import Cluster, FaultHandler, watch_launcher
 from mlxserve.distributed.lockstep import Follower, Leader
 from mlxserve.distributed.world import World, join_world
 from mlxserve.engine.batch import BatchLimits
@@ -97,6 +97,8 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
         worker.call(cluster.seed)
         cluster.check_even(worker.call(lambda: worker.accounting(provider.default)))
         cluster.hub.watch(config.distributed_timeout, faults)
+        # Its launcher gone, rank 0 shuts down as on SIGTERM (and the group with it).
+        watch_launcher(lambda: os.kill(os.getpid(), signal.SIGTERM))
     metrics = Metrics()
     metrics.watch(
         running=lambda: worker.running,
@@ -198,6 +200,8 @@ def _bound_buffer_cache(config: ServerConfig, budget: int) -> None:
 
 def run(config: ServerConfig) -> None:
     world = join_world()
+    if world is None and config.distributed is not None:
+        log.warning("--distributed has no effect: this process was not started by mlx.launch")
     if world is not None and not world.leader:
         follow(config, world)
     server = build_server(config, world)

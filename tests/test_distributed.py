@@ -9,6 +9,7 @@ architecture has no `shard`) by pipeline parallelism."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -212,28 +213,38 @@ def test_other_models_are_a_single_machine_feature(pair, tmp_path):
     )
 
 
-def test_a_draft_model_is_refused_at_start(tiny_model):
-    """Both ranks say why and exit; the launcher exits with them."""
+def refused_at_start(model, *args: str, ranks: int = 2) -> str:
+    """What the ranks said before they all exited (the launcher with them)."""
     bin_dir = os.path.dirname(sys.executable)
-    command = [
-        os.path.join(bin_dir, "mlx.launch"),
-        "--backend",
-        "ring",
-        "-n",
-        "2",
-        os.path.join(bin_dir, "mlxserve"),
-        "--model",
-        str(tiny_model),
-        "--draft-model",
-        str(tiny_model),
-        "--port",
-        "0",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    output = done.stdout + done.stderr
+    launcher = [os.path.join(bin_dir, "mlx.launch"), "--backend", "ring", "-n", str(ranks)]
+    command = [*launcher, os.path.join(bin_dir, "mlxserve"), "--model", str(model), *args]
+    with subprocess.Popen(
+        [*command, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as launched:
+        try:
+            output, _ = launched.communicate(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # no rank outlives the test
+                os.killpg(launched.pid, signal.SIGKILL)
+    assert "mlxserve is ready" not in output, output[-2000:]  # (mlx.launch exits 0)
+    return output
+
+
+def test_a_draft_model_is_refused_at_start(tiny_model):
+    output = refused_at_start(tiny_model, "--draft-model", str(tiny_model))
     assert "a distributed server (launched by mlx.launch) cannot serve" in output
     assert "a draft model (--draft-model)" in output
-    assert "mlxserve is ready" not in output
+
+
+def test_shares_of_unequal_size_are_refused_at_start(hybrid_model):
+    """4 layers over 3 ranks: 2, 1 and 1. Eviction and admission decide by bytes, and
+    every rank must decide alike."""
+    output = refused_at_start(hybrid_model, ranks=3)
+    assert "the ranks hold shares of different sizes" in output, output[-2000:]
 
 
 def test_a_hybrid_model_splits_by_pipeline_and_replies_as_one_process(hybrid_pair, hybrid_single):
@@ -297,6 +308,19 @@ def test_a_failed_rank_makes_rank_0_answer_503_and_exit(tiny_model, fault):
         if alive(follower):
             os.kill(follower, signal.SIGKILL)
         srv.stop()
+
+
+def test_a_killed_launcher_stops_every_rank(tiny_model):
+    """The launcher killed outright (its ranks' stdin pipes close): rank 0 shuts down as
+    on SIGTERM and the others follow; nothing is left serving."""
+    srv = start_server(tiny_model, ranks=2)
+    pids = [rank_pid(srv, 0), rank_pid(srv, 1)]
+    os.kill(srv.process.pid, signal.SIGKILL)
+    srv.process.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_ctrl_c_stops_every_rank(tiny_model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,6 +111,21 @@ def share_all_equal(world: World, mine: bool) -> bool:
     """Whether every rank passed True (one collective)."""
     total = mx.distributed.all_sum(mx.array(int(mine)), group=world.group, stream=mx.cpu)
     return as_int(total) == world.size
+
+
+def watch_launcher(on_gone: Callable[[], None]) -> None:
+    """mlx.launch hands each rank its stdin as a pipe; the pipe ending (the launcher
+    killed, an ssh session gone) means nothing can stop this rank any more: call
+    `on_gone` then. A thread reads (and drops) whatever arrives meanwhile."""
+    if "MLX_RANK" not in os.environ or not stat.S_ISFIFO(os.fstat(0).st_mode):
+        return
+
+    def run() -> None:
+        while os.read(0, 4096):
+            pass
+        on_gone()
+
+    threading.Thread(target=run, name="launcher", daemon=True).start()
 
 
 class FaultHandler:

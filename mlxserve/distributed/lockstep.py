@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxserve.distributed.control import Hub, Link
-from mlxserve.distributed.world import World, share
+from mlxserve.distributed.world import World, largest
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.lockstep import LoopStep
 from mlxserve.engine.sampling import GenerationParams
@@ -86,8 +86,8 @@ class Leader:
             job.checkpoints,
         )
 
-    def agree(self, value: float) -> float:
-        return float(share(self._world, value))
+    def worst(self, value: float) -> float:
+        return largest(self._world, value)
 
     def failed(self, error: BaseException) -> None:
         self._on_failure(f"the generation loop failed: {error}")
@@ -120,8 +120,8 @@ class Follower:
     def publish(self, step: LoopStep) -> None:
         raise RuntimeError("only rank 0 publishes steps")
 
-    def agree(self, value: float) -> float:
-        return float(share(self._world))
+    def worst(self, value: float) -> float:
+        return largest(self._world, value)
 
     def failed(self, error: BaseException) -> None:
         self._on_failure(f"The generation loop failed: {error}")

@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from mlxserve.engine.values import as_int
+from mlxserve.engine.values import as_float, as_int
 
 MODES = ("tensor", "pipeline")
 
@@ -41,6 +41,14 @@ def share(world: World, value: object = None) -> Any:
     size = _sum(world, mx.array(len(data) if data is not None else 0, dtype=mx.int32))
     buffer = mx.array(data) if data is not None else mx.zeros(as_int(size), dtype=mx.uint8)
     return pickle.loads(bytes(np.array(_sum(world, buffer))))
+
+
+def largest(world: World, value: float) -> float:
+    """The largest of every rank's `value` (one collective: every rank calls it)."""
+    total = mx.distributed.all_max(
+        mx.array(value, dtype=mx.float32), group=world.group, stream=mx.cpu
+    )
+    return as_float(total)
 
 
 def _sum(world: World, array: mx.array) -> mx.array:

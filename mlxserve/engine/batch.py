@@ -101,16 +101,17 @@ class BatchSession:
         trim_prompt_cache: Callable[[], None],
         draft_tokens: int,
         clock: Callable[[], float] = time.perf_counter,
-        agree: Callable[[float], float] | None = None,
+        worst: Callable[[float], float] | None = None,
     ):
         """`trim_prompt_cache`: called when KV caches grew or were set free, for the
         prompt cache to give way within the budget (the worker knows every model's);
         `draft_tokens`: drafted per step by the model's draft model, if it has one;
-        `clock`: what the scheduler reads as now; `agree`: where ranks run this batch in
-        lockstep, rank 0's value of a measurement on every rank (see engine.lockstep)."""
+        `clock`: what the scheduler reads as now; `worst`: where ranks run this batch in
+        lockstep, the largest of every rank's value of a measurement (see
+        engine.lockstep)."""
         self._loaded = loaded
         self._clock = clock
-        self._agree = agree or (lambda value: value)
+        self._worst = worst or (lambda value: value)
         self._layers = len(make_prompt_cache(loaded.model))  # the model's own caches
         self._draft_tokens = draft_tokens
         self._cache = cache
@@ -127,7 +128,8 @@ class BatchSession:
             fresh = self._fresh()
             # Caches that cannot always be trimmed back (a hybrid model's recurrent state,
             # a sliding window once wrapped) are reusable only from an exact prefix.
-            self.checkpoints = any(type(c) is not KVCache for c in fresh)
+            # (A pipeline rank holds some of the layers: every rank takes the model's answer.)
+            self.checkpoints = bool(self._worst(any(type(c) is not KVCache for c in fresh)))
             if self._quantization is not None:
                 fresh = self._quantization.quantized(fresh)
             self.footprint = measure_footprint(loaded.model, fresh[: self._layers])
@@ -162,7 +164,7 @@ class BatchSession:
         if mode == "off" or self._limits.max_draft <= 0:
             return None
         if mode == "auto":
-            cost = self._agree(verify_cost(self._loaded.model, width))
+            cost = self._worst(verify_cost(self._loaded.model, width))
             log.info("Verifying %d tokens costs %.1f steps of one on this device", width, cost)
             if cost > width / 2:
                 log.info("Prompt-lookup speculation off for %s: it cannot pay", self.spec.path.name)

@@ -44,9 +44,10 @@ class Lockstep(Protocol):
         hand-over between threads on the way); a stopping step once rank 0 is gone."""
         ...
 
-    def agree(self, value: float) -> float:
-        """Rank 0's `value` on every rank, for a decision each rank measures for itself
-        (a collective: every rank calls it at the same point of the loop)."""
+    def worst(self, value: float) -> float:
+        """The largest of every rank's `value`, for a decision each rank measures on its
+        own share (what its caches need, what verifying a draft costs it), which every
+        rank must take alike (a collective: every rank calls it at the same point)."""
         ...
 
     def failed(self, error: BaseException) -> None:

@@ -45,8 +45,10 @@ class KVFootprint:
 def measure_footprint(model: Any, cache: list[Any] | None = None) -> KVFootprint:
     """Run one token through a fresh cache (generation thread only) and read its layers."""
     cache = cache if cache is not None else make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    mx.eval([c.state for c in cache])
+    # The output too: a pipeline rank's send to the next rank hangs on it when its last
+    # cache is not one it fills (mlx-lm ties the send to `cache[-1]`), and the other
+    # ranks would wait for it.
+    mx.eval(model(mx.array([[0]]), cache=cache), [c.state for c in cache])
     per_token = fixed = 0
     for layer in _layers(cache):
         allocated = _allocated_tokens(layer)

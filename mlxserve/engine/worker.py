@@ -464,7 +464,7 @@ class GenerationWorker:
             self._trim_prompt_cache,
             draft_tokens,
             clock=lambda: self._now,
-            agree=lockstep.agree if lockstep is not None else None,
+            worst=lockstep.worst if lockstep is not None else None,
         )
 
     def _too_large(self, name: str, weight_bytes: int) -> ServiceError:

@@ -1,0 +1,85 @@
+"""A loop step as rank 0 publishes it and another rank rebuilds it: the same prompts,
+parameters, checkpoints and choices, a grammar compiled again from its source, the
+cancellations naming the rebuilt jobs, the token hash and the stop flag; and a line that
+closes without a last step stops the follower as lost."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from mlxserve.distributed.lockstep import Follower, Leader
+from mlxserve.engine.jobs import GenerationJob
+from mlxserve.engine.lockstep import LoopStep
+from mlxserve.engine.reasoning_budget import ReasoningBudget
+from mlxserve.engine.sampling import GenerationParams
+from mlxserve.models.provider import ModelSpec
+from mlxserve.structured import lark
+from mlxserve.structured.matcher import Grammar
+
+
+class Line:
+    """Both ends of the control line in one process: what the hub sends, the link reads."""
+
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+        self.last: list[bool] = []
+
+    def send(self, payload: bytes, last: bool = False) -> None:
+        self.messages.append(payload)
+        self.last.append(last)
+
+    def receive(self) -> bytes | None:
+        return self.messages.pop(0) if self.messages else None
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return load_tokenizer(tiny_model)
+
+
+def test_a_step_crosses_the_line_whole(tokenizer):
+    spec = ModelSpec(Path("/models/served"))
+    line = Line()
+    leader = Leader(world=None, hub=line, on_failure=print)  # type: ignore[arg-type]
+    follower = Follower(None, line, spec, tokenizer, print)  # type: ignore[arg-type]
+    grammar = Grammar(tokenizer, lark.grammar(lark.json_schema({"type": "integer"})))
+    params = GenerationParams(
+        max_tokens=9,
+        temperature=0.7,
+        seed=3,
+        stop=("\n",),
+        logit_bias={5: -2.0},
+        logprobs=2,
+        grammar=grammar,
+        reasoning_budget=ReasoningBudget(4, (1,), (2,), False),
+    )
+    first = [GenerationJob(spec, [1, 2, 3], params, index=i, checkpoints=(2,)) for i in (0, 1)]
+    second = [GenerationJob(spec, [4], replace(params, grammar=None))]
+
+    leader.publish(LoopStep(1.5, [first, second], [], trace=77))
+    step = follower.receive()
+    assert (step.now, step.stop, step.trace, step.cancelled) == (1.5, False, 77, [])
+    rebuilt = [job for request in step.arrived for job in request]
+    assert [len(r) for r in step.arrived] == [2, 1]
+    for original, copy in zip([*first, *second], rebuilt, strict=True):
+        assert (copy.prompt, copy.index, copy.checkpoints) == (
+            original.prompt,
+            original.index,
+            original.checkpoints,
+        )
+        assert replace(copy.params, grammar=None) == replace(original.params, grammar=None)
+        assert copy.cancel_at_step and copy.spec == spec
+    compiled = rebuilt[0].params.grammar
+    assert compiled is not None and compiled is not grammar and compiled.lark == grammar.lark
+    assert rebuilt[2].params.grammar is None
+
+    leader.publish(LoopStep(2.0, [], [first[1]], stop=True, trace=78))
+    assert line.last == [False, True]  # the ranks leave after the last step: no fault
+    step = follower.receive()
+    assert step.cancelled == [rebuilt[1]] and step.stop and not follower.lost
+
+    assert follower.receive().stop and follower.lost  # the line closed: rank 0 is gone
