@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -83,8 +84,7 @@ class MLXServer(ThreadingHTTPServer):
 def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket.
     `world`: the ranks of a distributed server, this one rank 0."""
-    paths = [resolve_model_path(settings.model) for settings in config.models]
-    budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
+    paths, budget = _models_and_budget(config)
     cluster = Cluster(world, config, paths, budget) if world is not None else None
     faults = FaultHandler(DRAIN_SECONDS)
     lockstep = None
@@ -115,6 +115,13 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
     server = MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
     faults.attach(worker, server.drain)
     return server
+
+
+def _models_and_budget(config: ServerConfig) -> tuple[list[Path], int]:
+    """The served models' folders, and this machine's memory budget in bytes."""
+    paths = [resolve_model_path(settings.model) for settings in config.models]
+    budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
+    return paths, budget
 
 
 def start_worker(
@@ -154,8 +161,7 @@ def start_worker(
 def follow(config: ServerConfig, world: World) -> None:
     """A rank other than 0: load this rank's share of the model and replay rank 0's
     generation loop until rank 0 stops (exit 0) or is gone (exit 1). Never returns."""
-    paths = [resolve_model_path(settings.model) for settings in config.models]
-    budget = int(config.memory_budget_gb * GB) if config.memory_budget_gb else device_memory()
+    paths, budget = _models_and_budget(config)
     cluster = Cluster(world, config, paths, budget)
     assert cluster.link is not None
     provider = ModelProvider(config, paths, cluster.split)
