@@ -153,12 +153,6 @@ class Hub:
         if not self._closing:
             on_fault(f"rank {rank} {why}")
 
-    def close(self) -> None:
-        self._closing = True
-        for sock in self._links.values():
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
 
 class Link:
     """Another rank's end: receives rank 0's messages, sends heartbeats."""
@@ -167,7 +161,6 @@ class Link:
         self._sock = self._connect(address)
         _send(self._sock, json.dumps({"secret": address.secret, "rank": rank}).encode())
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._lock = threading.Lock()
 
     @staticmethod
     def _connect(address: Address) -> socket.socket:
