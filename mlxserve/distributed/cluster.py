@@ -17,8 +17,7 @@ import mlx.core as mx
 
 from mlxserve.config import ServerConfig
 from mlxserve.distributed.control import Address, Hub, Link
-from mlxserve.distributed.world import World, share, split_model
-from mlxserve.engine.values import as_int
+from mlxserve.distributed.world import World, largest, share, split_model
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.capabilities import is_embedding_model, is_vision_model
 from mlxserve.protocol.errors import unavailable
@@ -97,20 +96,13 @@ class Cluster:
         """Every rank's byte counts (weights, KV cache per token, fixed) must be rank 0's:
         eviction and admission decide by bytes, and every rank must decide alike."""
         leader = share(self.world, accounting if self.world.leader else None)
-        equal = int(share_all_equal(self.world, tuple(leader) == tuple(accounting)))
-        if not equal:
+        if largest(self.world, float(tuple(leader) != tuple(accounting))):
             raise SystemExit(
                 "mlxserve: the ranks hold shares of different sizes (weights and KV cache "
                 f"bytes {accounting} here, {tuple(leader)} on rank 0): with pipeline "
                 "parallelism choose a number of machines that divides the model's layers, "
                 "or use --distributed tensor"
             )
-
-
-def share_all_equal(world: World, mine: bool) -> bool:
-    """Whether every rank passed True (one collective)."""
-    total = mx.distributed.all_sum(mx.array(int(mine)), group=world.group, stream=mx.cpu)
-    return as_int(total) == world.size
 
 
 def watch_launcher(on_gone: Callable[[], None]) -> None:

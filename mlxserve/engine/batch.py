@@ -151,7 +151,10 @@ class BatchSession:
         self.speculation = self._speculate() if not self.checkpoints else None
         self._sequences: dict[int, _Sequence] = {}
         self._admitted: list[_Admitted] = []
-        self.trace = 0  # a hash of every (sequence, token) generated, in order
+        # A hash of every (sequence, token) generated, in order: kept where ranks run in
+        # lockstep (rank 0's is checked against the others' every step), else 0.
+        self.trace = 0
+        self._traced = worst is not None
 
     def _speculate(self) -> SpeculationCounts | None:
         """Prompt-lookup drafts in the decode step, when asked for (or, with "auto", when
@@ -236,7 +239,8 @@ class BatchSession:
         finished: list[int] = []
         stopped: list[int] = []
         for r in responses:  # a sequence may have several tokens in one step (speculation)
-            self.trace = hash((self.trace, r.uid, r.token))
+            if self._traced:
+                self.trace = hash((self.trace, r.uid, r.token))
             if r.uid in finished or r.uid in stopped:
                 continue  # the tokens after its stop string are not output
             sequence = self._sequences[r.uid]
