@@ -150,8 +150,15 @@ def test_a_chat_model_and_an_embedding_model_together(launch, tiny_model, embed_
     assert chat["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
     reply = client(srv).embeddings.create(model=str(embed_bert_model), input=TEXTS)
     assert len(reply.data) == 3 and reply.model == str(embed_bert_model)
-    states = {m["id"]: m["state"] for m in srv.get("/v1/models")[2]["data"]}
-    assert states == {str(tiny_model): "loaded", str(embed_bert_model): "loaded"}
+    listed = srv.get("/v1/models")[2]["data"]
+    assert {m["id"]: m["state"] for m in listed} == {
+        str(tiny_model): "loaded",
+        str(embed_bert_model): "loaded",
+    }
+    assert [(m["kind"], m["capabilities"]["tools"]) for m in listed] == [
+        ("chat", True),
+        ("embedding", False),
+    ]
     assert len([line for line in srv.log if "Loading model from" in line]) == 2
     assert any("(embedding)" in line for line in srv.log)
 

@@ -40,8 +40,12 @@ def test_models(server, tiny_model):
         "object": "model",
         "created": 0,
         "owned_by": "mlxserve",
+        "kind": "chat",
         "input_modalities": ["text"],
+        "context_length": 4096,
+        "max_model_len": 4096,
         "state": "loaded",
+        "capabilities": {"tools": True, "reasoning": True},
     }
     status, _, one = server.get(f"/v1/models/{tiny_model}")
     assert status == 200 and one == served

@@ -1,5 +1,6 @@
-"""Hard limits: every request fits the model's context (a clear 400 before any prefill
-otherwise, in each dialect's words), and the server's default output is clipped to fit."""
+"""Hard limits: every prompt fits the model's context (a clear 400 before any prefill
+otherwise, in each dialect's words); max_tokens is a ceiling, clipped to the room the
+context leaves, and a reply the context cut short says so in each dialect."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import anthropic
 import pytest
 from conftest import start_server
 from conversations import BY_NAME
-from sse import open_stream
+from sse import open_stream, stream
 from test_http import endless
 
 CHAT = "/v1/chat/completions"
@@ -44,38 +45,87 @@ def test_a_prompt_over_the_context_is_refused(server):
     assert counted > CONTEXT
 
 
-def test_max_tokens_beyond_the_room_left_is_refused(server):
-    messages = long_messages(1000)
-    used = prompt_tokens(server, messages)
-    room = CONTEXT - used
-    for field in ("max_tokens", "max_completion_tokens"):
-        error = openai_error(server.post(CHAT, {"messages": messages, field: room + 1}))
-        assert error["param"] == field
-        expected = f"you requested {CONTEXT + 1} tokens ({used} in the prompt, {room + 1} "
-        assert expected in error["message"]
-    status, _, body = server.post(CHAT, {"messages": messages, "max_tokens": room})
-    assert status == 200, body
-
-
 def test_completions_check_their_prompt(server):
     error = openai_error(server.post("/v1/completions", {"prompt": "lemon tree " * 3000}))
     assert error["param"] == "prompt"
-    ids = [42] * (CONTEXT - 10)
-    error = openai_error(server.post("/v1/completions", {"prompt": ids, "max_tokens": 11}))
-    assert error["param"] == "max_tokens"
-    assert f"({CONTEXT - 10} in the prompt, 11 for the output)" in error["message"]
+    ids = [42] * CONTEXT
+    error = openai_error(server.post("/v1/completions", {"prompt": ids, "max_tokens": 1}))
+    assert error["param"] == "prompt"
+    assert f"your prompt is {CONTEXT} tokens" in error["message"]
 
 
-def test_the_default_output_is_clipped_to_the_context(launch, tiny_model):
-    used = prompt_tokens(launch(tiny_model), STORY.messages)
-    srv = launch(tiny_model, "--max-context", str(used + 7), "--max-tokens", "500")
-    status, _, body = srv.post(CHAT, {"messages": STORY.messages})
+ROOM = 7  # tokens of output the short context leaves after the story prompt
+
+
+@pytest.fixture(scope="module")
+def short(server, tiny_model):
+    """A server whose context holds the story prompt and ROOM tokens more."""
+    used = prompt_tokens(server, STORY.messages)
+    srv = start_server(tiny_model, "--max-context", str(used + ROOM), "--max-tokens", "500")
+    yield srv
+    srv.stop()
+
+
+def test_the_default_output_is_clipped_to_the_context(short):
+    status, _, body = short.post(CHAT, {"messages": STORY.messages})
     assert status == 200, body
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"]["completion_tokens"] == 7
+    assert body["usage"]["completion_tokens"] == ROOM
     assert STORY.reply.startswith(body["choices"][0]["message"]["content"])
-    error = openai_error(srv.post(CHAT, {"messages": STORY.messages, "max_tokens": 8}))
-    assert f"maximum context length is {used + 7} tokens" in error["message"]
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_is_a_ceiling_not_a_reservation(short, field):
+    """Claude Code asks for 128,000 output tokens whatever the model: a prompt that fits
+    is served, and generation stops when the context is full."""
+    for streamed in (False, True):
+        request = {"messages": STORY.messages, field: 128000, "stream": streamed}
+        if not streamed:
+            status, _, body = short.post(CHAT, request)
+            assert status == 200, body
+            choice = body["choices"][0]
+            text, finish = choice["message"]["content"], choice["finish_reason"]
+            assert body["usage"]["completion_tokens"] == ROOM
+        else:
+            chunks = stream(short.url, CHAT, request).chunks
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            finish = chunks[-1]["choices"][0]["finish_reason"]
+        assert finish == "length"
+        assert text and STORY.reply.startswith(text)
+
+
+def test_anthropic_says_the_context_window_ended_the_reply(short):
+    request = {"model": "default", "messages": STORY.messages}
+    # raw HTTP: the SDK insists on streaming for a max_tokens this large
+    status, _, whole = short.post("/v1/messages", {**request, "max_tokens": 128000})
+    assert status == 200, whole
+    assert whole["stop_reason"] == "model_context_window_exceeded"
+    assert whole["usage"]["output_tokens"] == ROOM
+    claude = anthropic.Anthropic(base_url=short.url, api_key="none", max_retries=0)
+    with claude.messages.stream(**request, max_tokens=128000) as streamed:
+        final = streamed.get_final_message()
+    assert final.stop_reason == "model_context_window_exceeded"
+    assert final.content[0].text == whole["content"][0]["text"]
+    # an output limit inside the room ends as max_tokens
+    assert claude.messages.create(**request, max_tokens=ROOM - 2).stop_reason == "max_tokens"
+
+
+def test_responses_end_incomplete_when_the_context_fills(short):
+    request = {"input": STORY.messages, "max_output_tokens": 128000}
+    status, _, body = short.post("/v1/responses", request)
+    assert status == 200, body
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["usage"]["output_tokens"] == ROOM
+
+
+def test_a_prompt_that_fills_the_context_is_refused_in_each_dialect(short):
+    messages = [{"role": "user", "content": STORY.messages[0]["content"] + " Once more."}]
+    error = openai_error(short.post(CHAT, {"messages": messages * 4, "max_tokens": 1}))
+    assert error["param"] == "messages"
+    status, _, body = short.post("/v1/responses", {"input": messages * 4})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert body["error"]["param"] == "input"
 
 
 @pytest.fixture
@@ -84,20 +134,17 @@ def claude(server) -> anthropic.Anthropic:
 
 
 def test_anthropic_words_it_as_anthropic_does(server, claude):
+    """Claude Code recognises Anthropic's wording and compacts its conversation."""
     with pytest.raises(anthropic.BadRequestError) as refused:
         claude.messages.create(model="default", max_tokens=10, messages=long_messages(3000))
     error = refused.value.body["error"]
     assert error["type"] == "invalid_request_error"
     assert error["message"].startswith("prompt is too long: ")
     assert error["message"].endswith(f" tokens > {CONTEXT} maximum")
-
-    messages = long_messages(1000)
-    used = claude.messages.count_tokens(model="default", messages=messages).input_tokens
-    with pytest.raises(anthropic.BadRequestError) as refused:
-        claude.messages.create(model="default", max_tokens=CONTEXT, messages=messages)
-    assert refused.value.body["error"]["message"] == (
-        "input length and `max_tokens` exceed context limit: "
-        f"{used} + {CONTEXT} > {CONTEXT}, decrease input length or `max_tokens` and try again"
+    counted = int(error["message"].removeprefix("prompt is too long: ").split()[0])
+    assert (
+        counted
+        == claude.messages.count_tokens(model="default", messages=long_messages(3000)).input_tokens
     )
 
 

@@ -385,7 +385,7 @@ def test_text_vision_text(launch, tiny_model, vision_model):
     assert answer(srv.post(CHAT, text_request)) == capital.reply
     assert answer(srv.post(CHAT, vision_request)) == "Blue."
     loads = [line for line in srv.log if "Loading model from" in line]
-    assert [line.split("(")[-1].strip() for line in loads] == ["text)", "vision)"]
+    assert [line.split("(")[-1].strip() for line in loads] == ["chat)", "vision)"]
     assert all("peak memory" in line for line in srv.log if "Loaded " in line)
 
 
@@ -393,6 +393,8 @@ def test_models_lists_image_input(vision, vision_model):
     _, _, body = vision.get("/v1/models")
     assert body["data"][0]["id"] == str(vision_model)
     assert body["data"][0]["input_modalities"] == ["text", "image"]
+    assert body["data"][0]["kind"] == "vision"
+    assert body["data"][0]["capabilities"] == {"tools": True, "reasoning": False}
 
 
 def test_forced_tool_call_on_a_vision_model(vision):

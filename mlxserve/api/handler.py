@@ -40,6 +40,9 @@ from mlxserve.telemetry.record import RequestRecord, recording, request_id
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("mlxserve.access")
+# A reply's prompt-cache hit: "cached/prompt" tokens (a whole reply; a stream's usage)
+PROMPT_CACHE_HEADER = "X-Prompt-Cache-Hit"
+EXPOSED_HEADERS = f"X-Request-Id, {PROMPT_CACHE_HEADER}"
 
 
 # Request headers a browser may send cross-origin: OpenAI's and Anthropic's clients'.
@@ -274,12 +277,16 @@ class APIHandler(BaseHTTPRequestHandler):
         super().send_response(code, message)
 
     def end_headers(self) -> None:
-        if self.record is not None:
-            self.send_header("X-Request-Id", self.record.request_id)
+        record = self.record
+        if record is not None:
+            self.send_header("X-Request-Id", record.request_id)
+            if record.generated and not self.streaming:  # a stream's usage says it instead
+                hit = f"{record.cached_tokens}/{record.prompt_tokens}"
+                self.send_header(PROMPT_CACHE_HEADER, hit)
         origin = self._allowed_origin()
         if origin:
             self.send_header("Access-Control-Allow-Origin", origin)
-            self.send_header("Access-Control-Expose-Headers", "X-Request-Id")
+            self.send_header("Access-Control-Expose-Headers", EXPOSED_HEADERS)
             if origin != "*":
                 self.send_header("Vary", "Origin")
         super().end_headers()

@@ -369,7 +369,7 @@ class BatchSession:
             samplers=[build_sampler(params, tokenizer.all_special_ids, len(tokenizer))],
             logits_processors=[build_logits_processors(params)],
         )
-        output = SequenceOutput(job, tokenizer, hit.cached_tokens)
+        output = SequenceOutput(job, tokenizer, hit)
         self._sequences[uid] = _Sequence(job, output)
 
     def _remove(self, uids: list[int], keep_cache: bool) -> None:

@@ -30,6 +30,7 @@ class FinishEvent:
     completion_tokens: int
     cached_tokens: int
     stop_sequence: str | None = None  # the stop string that ended the sequence, if one did
+    diverged_at: int | None = None  # see CacheHit
 
 
 @dataclass

@@ -38,6 +38,10 @@ class CacheHit:
     cache: list[Any]
     rest: list[int]  # prompt tokens the model still has to process
     cached_tokens: int
+    # Where the prompt parted from the cached sequence it shares most with, when that
+    # sequence went on another way (a nonce in a system prompt, a re-rendered turn):
+    # what a client needs to see why its prompt was not continued further.
+    diverged_at: int | None = None
 
 
 @dataclass
@@ -91,6 +95,7 @@ class PromptCache:
         caps the prefix a prompt may take (a vision prompt's images)."""
         wanted = np.asarray(prompt, dtype=np.int64)
         ident, usable = self._best_entry(key, wanted, reusable or (lambda n: n))
+        diverged_at = self._divergence(key, wanted)
         disk = self._disk if self._persists(key) else None
         loaded = disk.load_longer(key, wanted, usable) if disk else None
         if loaded is not None:
@@ -100,10 +105,21 @@ class PromptCache:
             self._entries.move_to_end(ident)
             tokens, cache = self._entries[ident].tokens, copy.deepcopy(self._entries[ident].cache)
         else:
-            return CacheHit(new_cache(), list(prompt), 0)
+            return CacheHit(new_cache(), list(prompt), 0, diverged_at)
         if len(tokens) > usable:
             trim_prompt_cache(cache, len(tokens) - usable)
-        return CacheHit(cache, list(prompt[usable:]), usable)
+        return CacheHit(cache, list(prompt[usable:]), usable, diverged_at)
+
+    def _divergence(self, key: str, prompt: np.ndarray) -> int | None:
+        """The prompt index where it leaves the memory entry sharing most of it, if that
+        entry goes on past it; None when the prompt extends its best entry (or is one)."""
+        shared, entry_len = 0, 0
+        for ident, entry in self._entries.items():
+            if ident[0] == key:
+                common = common_prefix(entry.tokens, prompt)
+                if common > shared:
+                    shared, entry_len = common, len(entry.tokens)
+        return shared if entry_len > shared and shared < len(prompt) else None
 
     def _best_entry(
         self, key: str, prompt: np.ndarray, reusable: Callable[[int], int]

@@ -8,16 +8,18 @@ import math
 import mlx.core as mx
 
 from mlxserve.engine.jobs import FinishEvent, GenerationJob, TokenEvent
+from mlxserve.engine.prompt_cache import CacheHit
 from mlxserve.engine.stops import StopMatcher
 from mlxserve.engine.values import as_float, floats, ints
 
 
 class SequenceOutput:
-    def __init__(self, job: GenerationJob, tokenizer, cached_tokens: int):
+    def __init__(self, job: GenerationJob, tokenizer, hit: CacheHit):
         self._job = job
         self._detokenizer = tokenizer.detokenizer  # a fresh copy per sequence
         self._stops = StopMatcher(list(job.params.stop))
-        self._cached_tokens = cached_tokens
+        self._cached_tokens = hit.cached_tokens
+        self._diverged_at = hit.diverged_at
         self._stopped = False
         self.completion_tokens = 0
 
@@ -49,6 +51,7 @@ class SequenceOutput:
                 self.completion_tokens,
                 self._cached_tokens,
                 self._stops.matched,
+                self._diverged_at,
             )
         )
 

@@ -75,7 +75,7 @@ class SingleRun:
         self._cache = cache
         self._hit = hit
         self._steps = steps
-        self._output = SequenceOutput(job, loaded.tokenizer, hit.cached_tokens)
+        self._output = SequenceOutput(job, loaded.tokenizer, hit)
         self._fed = list(cache_tokens)
 
     def advance(self) -> bool:

@@ -61,7 +61,7 @@ class ModelSpec:
 
     @property
     def kind(self) -> str:
-        return "embedding" if self.embedding else "vision" if self.vision else "text"
+        return "embedding" if self.embedding else "vision" if self.vision else "chat"
 
 
 @dataclass
@@ -234,30 +234,43 @@ class ModelProvider:
                 kept[spec.path] = loaded
             return kept[spec.path]
 
-    def list_models(self) -> list[dict]:
-        """Servable models, the --model ones first; `input_modalities` says which take
-        images (as OpenRouter's model list does), `state` which are in memory."""
-        found = {name: spec.path for name, spec in self.served.items()}
+    def model_entry(self, model_id: str, spec: ModelSpec) -> dict:
+        """A model as /v1/models lists it: `input_modalities` says whether it takes images
+        (as OpenRouter's model list does), `state` whether it is in memory, `kind` and
+        `context_length` (also as vLLM spells it, `max_model_len`) what a client needs to
+        use it."""
+        context = self.context_length(spec)
+        resident = any(m.spec.path == spec.path for m in self.resident)
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "mlxserve",
+            "kind": spec.kind,
+            "input_modalities": ["text", "image"] if spec.vision else ["text"],
+            "context_length": context,
+            "max_model_len": context,
+            "state": "loaded" if resident else "not-loaded",
+        }
+
+    def listed(self) -> dict[str, ModelSpec]:
+        """Every model a request may name: served, in a --model-dir, in the hub cache."""
+        found = dict(self.served)
         for root in self._model_dirs:
             for config in [
                 *sorted(root.glob("*/config.json")),
                 *sorted(root.glob("*/*/config.json")),
             ]:
-                found.setdefault(str(config.parent.relative_to(root)), config.parent)
+                found.setdefault(str(config.parent.relative_to(root)), ModelSpec(config.parent))
         for repo_id, path in _cached_hub_models():
-            found.setdefault(repo_id, path)
-        resident = {m.spec.path for m in self.resident}
-        return [
-            {
-                "id": model_id,
-                "object": "model",
-                "created": 0,
-                "owned_by": "mlxserve",
-                "input_modalities": ["text", "image"] if is_vision_model(path) else ["text"],
-                "state": "loaded" if path in resident else "not-loaded",
-            }
-            for model_id, path in found.items()
-        ]
+            found.setdefault(repo_id, ModelSpec(path))
+        return found
+
+    def loaded_tokenizer(self, spec: ModelSpec):
+        """The model's tokenizer if it has been loaded (None: reading it would cost a
+        load)."""
+        with self._kept_lock:
+            return self._tokenizers.get(spec.path)
 
     def pinned(self, spec: ModelSpec) -> bool:
         return bool(self.config_for(spec).pin) and spec in self.served.values()

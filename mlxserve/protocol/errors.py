@@ -44,25 +44,17 @@ class ServiceError(Exception):
 
 
 class ContextLengthExceeded(ServiceError):
-    """The prompt, or the prompt with the output asked for, does not fit the model's
-    context. Dialects word it their own way from the numbers."""
+    """The prompt does not fit the model's context (with room for one token of output).
+    Dialects word it their own way from the numbers. An output limit beyond the room left
+    is no error: it is a ceiling, and generation stops when the context is full."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: int | None, limit: int, param: str):
-        if max_tokens is None:
-            message = (
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"prompt is {prompt_tokens} tokens. Please reduce the length of the prompt."
-            )
-        else:
-            message = (
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                f"prompt, {max_tokens} for the output). Please reduce the length of the "
-                "prompt or of the output."
-            )
+    def __init__(self, prompt_tokens: int, limit: int, param: str):
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, your "
+            f"prompt is {prompt_tokens} tokens. Please reduce the length of the prompt."
+        )
         super().__init__(ErrorKind.INVALID_REQUEST, message, param, "context_length_exceeded")
         self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
         self.limit = limit
 
 

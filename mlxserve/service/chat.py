@@ -54,6 +54,7 @@ class Prepared:
     make_output: Callable[[list[int]], Any]
     images: PromptImages | None = None
     checkpoints: tuple[int, ...] = ()  # see GenerationJob
+    context_length: int | None = None  # the model's: a choice that fills it says so
 
 
 @dataclass
@@ -111,6 +112,7 @@ class ChatService:
             make_output,
             images,
             checkpoints,
+            self.provider.context_length(spec),
         )
 
     def prompt_tokens(self, request: ChatRequest) -> int:
@@ -138,6 +140,32 @@ class ChatService:
     def token_strings(self, spec: ModelSpec, tokens: list[int]) -> list[str]:
         return self.provider.tokenizer(spec).convert_ids_to_tokens(tokens)
 
+    def models(self) -> list[dict]:
+        """Every servable model (the --model ones first) with its capabilities."""
+        return [
+            {**self.provider.model_entry(name, spec), "capabilities": self._capabilities(spec)}
+            for name, spec in self.provider.listed().items()
+        ]
+
+    def _capabilities(self, spec: ModelSpec) -> dict:
+        """`tools`: every generative model takes them (injected into the prompt where its
+        template has none). `reasoning`: whether its replies carry reasoning, read from
+        its tokenizer; null for a model whose tokenizer has not been loaded yet."""
+        if spec.embedding:
+            return {"tools": False, "reasoning": False}
+        served = spec in self.provider.served.values()
+        tokenizer = self.provider.tokenizer(spec) if served else None
+        tokenizer = tokenizer or self.provider.loaded_tokenizer(spec)
+        if tokenizer is None:
+            return {"tools": True, "reasoning": None}
+        markup = chat_markup(
+            tokenizer,
+            reasoning_parser=self.provider.config_for(spec).reasoning_parser,
+            tool_parser=None,
+            tools_in_request=None,
+        )
+        return {"tools": True, "reasoning": reasoning_markers(markup) is not None}
+
     def context_length(self, spec: ModelSpec) -> int | None:
         return self.provider.context_length(spec)
 
@@ -150,7 +178,13 @@ class ChatService:
         grammar = _usable(completion_grammar(request, tokenizer), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         return Prepared(
-            spec, prompts, params, request.n, TokenTexts(tokenizer), lambda _: TextOutput()
+            spec,
+            prompts,
+            params,
+            request.n,
+            TokenTexts(tokenizer),
+            lambda _: TextOutput(),
+            context_length=self.provider.context_length(spec),
         )
 
     def run(self, prepared: Prepared, client_gone: Callable[[], bool]) -> GenerationRun:
@@ -173,6 +207,8 @@ class ChatService:
             plans,
             client_gone,
             prepared.make_output,
+            prepared.texts,
+            prepared.context_length,
         )
 
     def _fit(
@@ -183,8 +219,9 @@ class ChatService:
         prompt_param: str,
         sequences: int,
     ) -> int:
-        """The request's max_tokens, checked before any prefill against the context (see
-        `_context_room`) and the memory budget (`sequences` KV caches of that size)."""
+        """The most tokens a choice may generate, checked before any prefill against the
+        context (see `_context_room`) and the memory budget (`sequences` KV caches of
+        that size: what can really be generated, not what was asked for)."""
         max_tokens = self._context_room(spec, request, prompt_tokens, prompt_param)
         param = request.max_tokens_param if request.max_tokens is not None else prompt_param
         self.worker.check_memory(spec, prompt_tokens, max_tokens, sequences, param)
@@ -193,21 +230,17 @@ class ChatService:
     def _context_room(
         self, spec: ModelSpec, request: GenerationRequest, prompt_tokens: int, prompt_param: str
     ) -> int:
-        """A prompt that leaves no room in the context, or an explicit max_tokens beyond the
-        room left, is a 400; the server's default is clipped to the room left."""
-        default = self.config.defaults.max_tokens
+        """A prompt that leaves no room in the context is a 400. max_tokens (the request's
+        or the server's default) is a ceiling: it is clipped to the room left, and
+        generation stops when the context is full (clients such as Claude Code ask for
+        more output than a local model's context could ever hold)."""
+        wanted = request.max_tokens or self.config.defaults.max_tokens
         limit = self.provider.context_length(spec)
         if limit is None:
-            return request.max_tokens or default
+            return wanted
         if prompt_tokens >= limit:
-            raise ContextLengthExceeded(prompt_tokens, None, limit, prompt_param)
-        room = limit - prompt_tokens
-        if request.max_tokens is None:
-            return min(default, room)
-        if request.max_tokens > room:
-            param = request.max_tokens_param
-            raise ContextLengthExceeded(prompt_tokens, request.max_tokens, limit, param)
-        return request.max_tokens
+            raise ContextLengthExceeded(prompt_tokens, limit, prompt_param)
+        return min(wanted, limit - prompt_tokens)
 
     def embed(self, request: EmbeddingRequest) -> tuple[ModelSpec, Embeddings]:
         spec, tokenizer = self.model(request.model)
@@ -247,14 +280,13 @@ class ChatService:
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
         """The request without its oldest turns (each up to a user message; system turns
-        stay) as far as needed for its prompt to fit the context with room for max_tokens.
+        stay) as far as needed for its prompt to fit the context.
         When even the last turn alone does not fit, the request as it is (its context error
         follows)."""
         limit = self.provider.context_length(spec)
 
-        def fits(prompt: list[int]) -> bool:
-            room = 1 if request.max_tokens is None else request.max_tokens
-            return limit is None or len(prompt) + room <= limit
+        def fits(prompt: list[int]) -> bool:  # max_tokens is a ceiling: the input must fit
+            return limit is None or len(prompt) < limit
 
         if fits(rendered[0]):
             return request, rendered

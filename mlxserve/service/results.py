@@ -45,6 +45,7 @@ class Choice:
     index: int
     blocks: list[Block] = field(default_factory=list)
     finish_reason: str | None = None  # stop, length or tool_calls
+    context_full: bool = False  # length: the context was full before max_tokens was reached
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     logprobs: list[TokenLogprob] | None = None
     text_offset: int = 0  # characters covered by the logprobs already streamed

@@ -4,6 +4,7 @@ stream) or the accumulated choices at the end (a whole reply): the same events e
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +18,12 @@ from mlxserve.models.provider import ModelSpec
 from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
 from mlxserve.protocol.errors import ClientGone, unavailable
 from mlxserve.service.results import Choice, TokenLogprob, Usage
+from mlxserve.service.token_texts import TokenTexts
 from mlxserve.telemetry.record import current_request
 
 POLL_SECONDS = 0.25
+DIVERGENCE_CONTEXT = 16  # tokens of text shown either side of where a prompt diverged
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,12 @@ class GenerationRun:
         plans: list[ChoicePlan],
         client_gone: Callable[[], bool],
         make_output: Callable[[list[int]], Any],
+        texts: TokenTexts,
+        context_length: int | None = None,
     ):
         self._worker = worker
+        self._texts = texts
+        self._context_length = context_length
         self._spec = spec
         self._plans = plans
         self._client_gone = client_gone
@@ -115,6 +123,11 @@ class GenerationRun:
         choice = state.choice
         choice.finish_reason = event.finish_reason
         choice.stop_sequence = event.stop_sequence
+        limit = self._context_length
+        used = len(state.plan.prompt) + event.completion_tokens
+        choice.context_full = (
+            event.finish_reason == "length" and limit is not None and used >= limit
+        )
         if event.finish_reason == "stop" and (
             choice.tool_calls or any(isinstance(i, ToolCallStart) for i in step.events)
         ):
@@ -127,6 +140,8 @@ class GenerationRun:
         )
         self.usage.prompt_tokens += prompt
         self.usage.cached_tokens += cached
+        if event.diverged_at is not None and state.plan.counts_prompt:
+            log.info(_divergence(state.plan.prompt, event.diverged_at, cached, self._texts))
         if self._record is not None:
             self._record.add_usage(prompt, cached, event.completion_tokens)
 
@@ -173,6 +188,23 @@ class GenerationRun:
             for job in jobs.values():
                 job.cancel()
             self._worker.release(submitted)
+
+
+def _divergence(prompt: list[int], at: int, cached: int, texts: TokenTexts) -> str:
+    """Where a prompt left the cached prompt it shares most with, and the text around
+    that point: a nonce (a session id, a date) that defeats the prompt cache shows there."""
+
+    def text(tokens: list[int]) -> str:
+        return b"".join(texts(t).bytes for t in tokens).decode("utf-8", errors="replace")
+
+    before, after = (
+        text(prompt[max(0, at - DIVERGENCE_CONTEXT) : at]),
+        text(prompt[at:][:DIVERGENCE_CONTEXT]),
+    )
+    return (
+        f"Prompt cache: this prompt leaves a cached one at token {at} of {len(prompt)} "
+        f"({cached} reused, {len(prompt) - cached} processed anew): ...{before!r} >>> {after!r}..."
+    )
 
 
 def _entry(event: TokenEvent) -> TokenLogprob:

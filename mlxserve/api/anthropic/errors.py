@@ -33,15 +33,8 @@ def error_body(error: ServiceError) -> dict:
 
 
 def _context_message(error: ContextLengthExceeded) -> str:
-    """Anthropic's own wording: Claude Code reads these numbers to compact its context or
-    lower max_tokens."""
-    if error.max_tokens is None:
-        return f"prompt is too long: {error.prompt_tokens} tokens > {error.limit} maximum"
-    return (
-        "input length and `max_tokens` exceed context limit: "
-        f"{error.prompt_tokens} + {error.max_tokens} > {error.limit}, "
-        "decrease input length or `max_tokens` and try again"
-    )
+    """Anthropic's own wording: Claude Code reads these numbers to compact its context."""
+    return f"prompt is too long: {error.prompt_tokens} tokens > {error.limit} maximum"
 
 
 def error_reply(error: ServiceError) -> ErrorReply:

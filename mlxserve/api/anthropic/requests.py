@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from mlxserve.api.anthropic.thinking import verify
+from mlxserve.api.quirks import leave_out_hosted_tools, without_billing_header
 from mlxserve.api.wire import Strict
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
@@ -84,10 +85,24 @@ class Message(Strict):
 
 
 class Tool(Strict):
-    type: str | None = None  # "custom" or absent; server tools (web search...) are refused
+    """A custom tool, or one of Anthropic's own (web search, code execution, a computer,
+    bash...: a `type` with a version date), which is left out of the prompt: the server
+    cannot run it and does not know its schema."""
+
+    type: str | None = None
     name: str
     description: str | None = None
-    input_schema: dict
+    input_schema: dict | None = None
+
+    @property
+    def custom(self) -> bool:
+        return self.type in (None, "custom")
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if self.custom and self.input_schema is None:
+            raise ValueError("a custom tool needs an input_schema")
+        return self
 
 
 class ToolChoice(Strict):
@@ -155,8 +170,8 @@ def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
     return neutral.ChatRequest(
         model=wire.model,
         messages=_system(wire.system) + _messages(wire.messages),
-        tools=tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(wire.tools or [])),
-        tool_choice=_tool_choice(choice),
+        tools=_tools(wire.tools or []),
+        tool_choice=_tool_choice(choice, wire.tools or []),
         parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
         reasoning_effort=EFFORTS.get(effort) if effort else None,
         template_kwargs=_thinking_switch(thinking),
@@ -176,7 +191,8 @@ def _system(system: str | list[TextBlock] | None) -> tuple[neutral.Message, ...]
     if not system:
         return ()
     text = system if isinstance(system, str) else "\n".join(block.text for block in system)
-    return (neutral.Message("system", text, "system"),)
+    text = without_billing_header(text)
+    return (neutral.Message("system", text, "system"),) if text else ()
 
 
 def _system_text(blocks: list, param: str) -> str:
@@ -272,17 +288,16 @@ def _part(block: TextBlock | ImageBlock, param: str) -> neutral.Part:
     return neutral.ImagePart(block.source.as_url(f"{param}.source"), param)
 
 
-def _tool(tool: Tool, param: str) -> neutral.Tool:
-    if tool.type not in (None, "custom"):
-        raise bad_request(
-            f"The tool '{tool.name}' is of type '{tool.type}', which this server cannot run; "
-            "only custom tools (name, description, input_schema) are supported.",
-            param,
-        )
-    return neutral.Tool(tool.name, tool.description, tool.input_schema)
+def _tools(tools: list[Tool]) -> tuple[neutral.Tool, ...]:
+    leave_out_hosted_tools([str(tool.type) for tool in tools if not tool.custom])
+    return tuple(
+        neutral.Tool(tool.name, tool.description, tool.input_schema)
+        for tool in tools
+        if tool.custom
+    )
 
 
-def _tool_choice(choice: ToolChoice | None) -> neutral.ToolChoice:
+def _tool_choice(choice: ToolChoice | None, tools: list[Tool]) -> neutral.ToolChoice:
     if choice is None or choice.type == "auto":
         return neutral.ToolChoice("auto")
     if choice.type == "none":
@@ -291,6 +306,14 @@ def _tool_choice(choice: ToolChoice | None) -> neutral.ToolChoice:
         return neutral.ToolChoice("required")
     if not choice.name:
         raise bad_request("A tool_choice of type 'tool' needs a 'name'.", "tool_choice.name")
+    hosted = next((tool for tool in tools if tool.name == choice.name and not tool.custom), None)
+    if hosted is not None:
+        raise bad_request(
+            f"tool_choice names '{choice.name}', a tool of type '{hosted.type}' that this "
+            "server cannot run; only custom tools can be forced.",
+            "tool_choice.name",
+            code="unsupported_tool",
+        )
     return neutral.ToolChoice("required", choice.name)
 
 

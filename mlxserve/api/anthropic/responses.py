@@ -21,6 +21,8 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 def stop_reason(choice: Choice) -> str:
     if choice.finish_reason == "stop":
         return "stop_sequence" if choice.stop_sequence is not None else "end_turn"
+    if choice.context_full:  # Anthropic's own reason when the context, not max_tokens, ends it
+        return "model_context_window_exceeded"
     return STOP_REASONS[str(choice.finish_reason)]
 
 

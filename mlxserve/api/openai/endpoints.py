@@ -39,10 +39,10 @@ class OpenAIEndpoints:
         return 200, body
 
     def models(self) -> dict:
-        return {"object": "list", "data": self.service.provider.list_models()}
+        return {"object": "list", "data": self.service.models()}
 
     def model(self, model_id: str) -> dict:
-        for entry in self.service.provider.list_models():
+        for entry in self.service.models():
             if entry["id"] == model_id:
                 return entry
         raise not_found(

@@ -7,6 +7,7 @@ from typing import Annotated, Literal, cast
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from mlxserve.api.quirks import leave_out_hosted_tools
 from mlxserve.api.responses.conversation import Conversation, InputItem
 from mlxserve.api.wire import Strict
 from mlxserve.protocol import request as neutral
@@ -50,7 +51,7 @@ class NamespaceTool(Strict):
 
 class HostedTool(Strict):
     """Any other tool: one the server would have to run itself (web search, file search, a
-    computer...) or a free-form custom tool: refused by name."""
+    computer...) or a free-form custom tool: left out of the prompt (see api/quirks.py)."""
 
     type: str
     name: str | None = None
@@ -217,7 +218,7 @@ def chat_request(wire: ResponsesRequest, history: list[InputItem]) -> neutral.Ch
         messages=messages,
         messages_param="input",
         tools=_tools(wire.tools or []),
-        tool_choice=_tool_choice(wire.tool_choice),
+        tool_choice=_tool_choice(wire.tool_choice, wire.tools or []),
         parallel_tool_calls=wire.parallel_tool_calls,
         reasoning_effort=EFFORTS.get(effort) if effort else None,
         template_kwargs={"enable_thinking": False} if effort == "none" else {},
@@ -226,17 +227,12 @@ def chat_request(wire: ResponsesRequest, history: list[InputItem]) -> neutral.Ch
 
 
 def _tools(tools: list) -> tuple[neutral.Tool, ...]:
+    leave_out_hosted_tools([tool.type for tool in tools if isinstance(tool, HostedTool)])
     out: dict[str, neutral.Tool] = {}
     for i, tool in enumerate(tools):
         param = f"tools[{i}]"
         if isinstance(tool, HostedTool):
-            raise bad_request(
-                f"The tool '{tool.name or tool.type}' is of type '{tool.type}', which this "
-                "server cannot run; only function tools (and namespaces of them) are "
-                "supported.",
-                param,
-                code="unsupported_tool",
-            )
+            continue
         functions = tool.tools if isinstance(tool, NamespaceTool) else [tool]
         for j, function in enumerate(functions):
             where = f"{param}.tools[{j}]" if isinstance(tool, NamespaceTool) else param
@@ -248,9 +244,18 @@ def _tools(tools: list) -> tuple[neutral.Tool, ...]:
     return tuple(out.values())
 
 
-def _tool_choice(choice: str | dict | None) -> neutral.ToolChoice:
+def _tool_choice(choice: str | dict | None, tools: list) -> neutral.ToolChoice:
     if isinstance(choice, dict):
-        return neutral.ToolChoice("required", choice["name"])
+        name = choice["name"]
+        hosted = [t for t in tools if isinstance(t, HostedTool) and name in (t.name, t.type)]
+        if hosted:
+            raise bad_request(
+                f"tool_choice names '{name}', a tool of type '{hosted[0].type}' that this "
+                "server cannot run; only function tools can be forced.",
+                "tool_choice",
+                code="unsupported_tool",
+            )
+        return neutral.ToolChoice("required", name)
     return neutral.ToolChoice(cast(neutral.ToolChoiceMode, choice or "auto"))
 
 
