@@ -23,6 +23,7 @@ MESSAGES_PATHS = ("/v1/messages", "/messages")
 COUNT_TOKENS_PATHS = ("/v1/messages/count_tokens", "/messages/count_tokens")
 ANTHROPIC_PATHS = MESSAGES_PATHS + COUNT_TOKENS_PATHS
 RESPONSES_PATHS = ("/v1/responses", "/responses")
+COMPACT_PATHS = ("/v1/responses/compact", "/responses/compact")
 RESPONSE_PREFIXES = ("/v1/responses/", "/responses/")  # + {id}, or {id}/input_items
 EMBEDDINGS_PATHS = ("/v1/embeddings", "/embeddings")
 TOKENIZE_PATHS = ("/tokenize", "/v1/tokenize")
@@ -61,6 +62,7 @@ class Routes:
             **dict.fromkeys(MESSAGES_PATHS, self.anthropic.messages),
             **dict.fromkeys(COUNT_TOKENS_PATHS, self.anthropic.count_tokens),
             **dict.fromkeys(RESPONSES_PATHS, self.responses.create),
+            **dict.fromkeys(COMPACT_PATHS, self.responses.compact),
             **dict.fromkeys(EMBEDDINGS_PATHS, self.embeddings.embeddings),
             **dict.fromkeys(LOAD_PATHS, self.openai.load_model),
             **dict.fromkeys(UNLOAD_PATHS, self.openai.unload_model),

@@ -280,13 +280,15 @@ class ChatService:
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
         """The request without its oldest turns (each up to a user message; system turns
-        stay) as far as needed for its prompt to fit the context.
+        stay) as far as needed for its prompt to fit the context with room for an answer.
         When even the last turn alone does not fit, the request as it is (its context error
         follows)."""
         limit = self.provider.context_length(spec)
 
-        def fits(prompt: list[int]) -> bool:  # max_tokens is a ceiling: the input must fit
-            return limit is None or len(prompt) < limit
+        def fits(prompt: list[int]) -> bool:
+            """With room to answer: max_tokens, up to a quarter of the context."""
+            room = min(request.max_tokens or 1, (limit or 0) // 4) or 1
+            return limit is None or len(prompt) + room <= limit
 
         if fits(rendered[0]):
             return request, rendered

@@ -12,7 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from mlxserve.api.responses.sealed import unseal
+from mlxserve.api.responses.compaction import expanded
+from mlxserve.api.responses.sealed import REASONING
 from mlxserve.api.wire import Strict
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
@@ -80,6 +81,20 @@ class ReasoningItem(Strict):
     encrypted_content: str | None = None
 
 
+class CompactionItem(Strict):
+    """A conversation compacted into a sealed summary (see compaction.py)."""
+
+    type: Literal["compaction"]
+    id: str | None = None
+    encrypted_content: str
+
+
+class CompactionTrigger(Strict):
+    """Ends an input whose reply is to be its compaction (see compaction.py)."""
+
+    type: Literal["compaction_trigger"]
+
+
 class OtherItem(Strict):
     """An item of a hosted tool or feature (web_search_call, item_reference...): refused."""
 
@@ -98,12 +113,16 @@ KNOWN = {
     "function_call": "FunctionCallItem",
     "function_call_output": "FunctionCallOutputItem",
     "reasoning": "ReasoningItem",
+    "compaction": "CompactionItem",
+    "compaction_trigger": "CompactionTrigger",
 }
 InputItem = Annotated[
     Annotated[MessageItem, Tag("MessageItem")]
     | Annotated[FunctionCallItem, Tag("FunctionCallItem")]
     | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutputItem")]
     | Annotated[ReasoningItem, Tag("ReasoningItem")]
+    | Annotated[CompactionItem, Tag("CompactionItem")]
+    | Annotated[CompactionTrigger, Tag("CompactionTrigger")]
     | Annotated[OtherItem, Tag("OtherItem")],
     Discriminator(_item_kind),
 ]
@@ -139,6 +158,15 @@ class Conversation:
                 if self._turn is not None and self._turn.calls:
                     self._flush()
                 self._assistant(where).parts += _assistant_parts(item.content, where)
+            elif isinstance(item, CompactionTrigger):
+                if i != len(items) - 1:
+                    raise bad_request("A compaction_trigger must be the last input item.", where)
+            elif isinstance(item, CompactionItem):
+                self._flush()
+                if (summary := expanded(item.encrypted_content, where)) is not None:
+                    self._out.append(summary)
+                else:
+                    log.debug("compaction at %s is not this server's; left out", where)
             else:
                 self._flush()
                 self._out.append(_other(item, where))
@@ -178,7 +206,7 @@ class Conversation:
 def _reasoning_text(item: ReasoningItem, stored: bool) -> str | None:
     """A stored item's text is the server's own; a client's counts only when sealed here."""
     if item.encrypted_content is not None:
-        return unseal(item.encrypted_content)
+        return REASONING.unseal(item.encrypted_content)
     if stored:
         return "".join(part.text for part in item.content or item.summary)
     return None

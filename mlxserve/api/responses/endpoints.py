@@ -10,6 +10,7 @@ from urllib.parse import parse_qs
 from pydantic import TypeAdapter
 
 from mlxserve.api.responder import Responder
+from mlxserve.api.responses.compaction import compaction_item, summary_request
 from mlxserve.api.responses.conversation import InputItem, MessageItem
 from mlxserve.api.responses.output import ResponseBuilder, ResponseStream, new_id
 from mlxserve.api.responses.requests import ResponsesRequest, chat_request
@@ -27,6 +28,8 @@ ITEM_ID_PREFIXES = {
     "function_call": "fc",
     "function_call_output": "fco",
     "reasoning": "rs",
+    "compaction": "cmp",
+    "compaction_trigger": "cmpt",
 }
 _ITEMS = TypeAdapter(list[InputItem])
 MB = 1 << 20
@@ -44,24 +47,12 @@ class ResponsesEndpoints:
 
     def create(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ResponsesRequest, raw)
-        history = []
-        if wire.previous_response_id is not None:
-            history = _ITEMS.validate_python(self.store.history(wire.previous_response_id))
-        prepared = self.service.prepare_chat(chat_request(wire, history), REASONING_FORMAT)
-        fmt = ResponseBuilder(
-            wire.model or self.service.provider.alias,
-            self._settings(wire),
-            summary=wire.summary is not None,
-            encrypted=wire.encrypted_reasoning,
-            namespaces=wire.namespaces,
-            texts=prepared.texts if wire.logprobs is not None else None,
-        )
+        if wire.compaction_triggered:
+            return self._compaction(wire, responder, self._keeper(wire))
+        prepared = self.service.prepare_chat(self._chat(wire), REASONING_FORMAT)
+        fmt = self._builder(wire, prepared.texts if wire.logprobs is not None else None)
         run = self.service.run(prepared, responder.client_gone)
-
-        def keep(response: dict) -> None:
-            if wire.store:
-                self.store.put(StoredResponse.of(response, _input_items(wire)))
-
+        keep = self._keeper(wire)
         if wire.stream:
             self._stream(run, fmt, responder, keep)
             return None
@@ -73,6 +64,79 @@ class ResponsesEndpoints:
         response = fmt.response(_status(choice), choice, run.usage)
         keep(response)
         return response
+
+    def compact(self, raw: bytes, responder: Responder) -> dict | None:
+        """POST /v1/responses/compact: the conversation's compaction, as a
+        `response.compaction` object (never stored, never streamed)."""
+        wire = parse(ResponsesRequest, raw)
+        if wire.stream:
+            raise bad_request("/v1/responses/compact does not stream.", "stream")
+        response = self._compaction(wire, responder, lambda _: None)
+        assert response is not None  # not streamed
+        return {
+            "id": response["id"],
+            "object": "response.compaction",
+            "created_at": response["created_at"],
+            "output": response["output"],
+            "usage": response["usage"],
+        }
+
+    def _compaction(self, wire: ResponsesRequest, responder: Responder, keep) -> dict | None:
+        """A response whose one output item is the conversation's compaction: a summary
+        the model writes (compaction.py), sealed."""
+        prepared = self.service.prepare_chat(summary_request(self._chat(wire)), REASONING_FORMAT)
+        fmt = self._builder(wire, None)
+        run = self.service.run(prepared, responder.client_gone)
+        sse = SSEWriter(responder) if wire.stream else None
+        stream = ResponseStream(sse, fmt) if sse is not None else None
+        keepalive_seconds = self.service.config.keepalive_seconds
+
+        def keepalive() -> None:
+            if stream is not None and sse is not None and sse.silent_for(keepalive_seconds):
+                stream.keepalive()
+
+        try:
+            finished = [step.choice for step in run.steps(keepalive) if step.finished]
+        except Exception as e:
+            if stream is None or sse is None:
+                raise
+            keep(stream.fail(stream_failure(sse, e), None))
+            sse.close()
+            return None
+        response = fmt.response("completed", usage=run.usage)
+        summary = finished[0].text.strip() or finished[0].reasoning.strip()
+        response["output"] = [compaction_item(summary)]
+        keep(response)
+        if stream is None or sse is None:
+            return response
+        stream.whole(response)
+        sse.close()
+        return None
+
+    def _chat(self, wire: ResponsesRequest):
+        """The neutral request: the stored chain `previous_response_id` continues, then
+        the input."""
+        history = []
+        if wire.previous_response_id is not None:
+            history = _ITEMS.validate_python(self.store.history(wire.previous_response_id))
+        return chat_request(wire, history)
+
+    def _builder(self, wire: ResponsesRequest, texts) -> ResponseBuilder:
+        return ResponseBuilder(
+            wire.model or self.service.provider.alias,
+            self._settings(wire),
+            summary=wire.summary is not None,
+            encrypted=wire.encrypted_reasoning,
+            namespaces=wire.namespaces,
+            texts=texts,
+        )
+
+    def _keeper(self, wire: ResponsesRequest):
+        def keep(response: dict) -> None:
+            if wire.store:
+                self.store.put(StoredResponse.of(response, _input_items(wire)))
+
+        return keep
 
     def _stream(self, run, fmt: ResponseBuilder, responder: Responder, keep) -> None:
         """Stream the response; it is stored before the stream ends, so a client that

@@ -8,7 +8,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from mlxserve.api.responses.sealed import seal
+from mlxserve.api.responses.sealed import REASONING
 from mlxserve.api.sse import SSEWriter
 from mlxserve.postprocess.events import Reasoning, ToolCallArguments, ToolCallStart
 from mlxserve.protocol.errors import ServiceError
@@ -153,7 +153,7 @@ class ResponseBuilder:
             "content": [{"type": "reasoning_text", "text": text}],
         }
         if self.encrypted:
-            item["encrypted_content"] = seal(text)
+            item["encrypted_content"] = REASONING.seal(text)
         return item
 
 
@@ -210,6 +210,17 @@ class ResponseStream:
         response = self._fmt.response(status, choice, usage)
         self._send_response(f"response.{status}", response)
         return response
+
+    def whole(self, response: dict) -> None:
+        """Send a response whose items were made whole, not generated as they stream (a
+        compaction): each item added and done, then the response completed."""
+        self._start()
+        for index, item in enumerate(response["output"]):
+            self._open = index
+            self._item_event("response.output_item.added", item=item)
+            self._item_event("response.output_item.done", item=item)
+        self._open = None
+        self._send_response("response.completed", response)
 
     def fail(self, error: ServiceError, choice: Choice | None) -> dict:
         """End the stream with an `error` event and the failed response; returns it."""

@@ -8,7 +8,7 @@ from typing import Annotated, Literal, cast
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mlxserve.api.quirks import leave_out_hosted_tools
-from mlxserve.api.responses.conversation import Conversation, InputItem
+from mlxserve.api.responses.conversation import CompactionTrigger, Conversation, InputItem
 from mlxserve.api.wire import Strict
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
@@ -168,6 +168,11 @@ class ResponsesRequest(Strict):
         if isinstance(value, list) and not value:
             raise ValueError("must not be empty")
         return value
+
+    @property
+    def compaction_triggered(self) -> bool:
+        """The input ends with a compaction_trigger: the reply is its compaction."""
+        return isinstance(self.input, list) and isinstance(self.input[-1], CompactionTrigger)
 
     @property
     def summary(self) -> Summary | None:
