@@ -377,6 +377,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:  # mlxserve launch claude|codex: see agents/launch.py
+        from mlxserve.agents.launch import main as launch
+
+        sys.exit(launch(argv[1:]))
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     config = config_from_args(parser().parse_args(argv))
     handler = logging.StreamHandler(sys.stderr)

