@@ -28,7 +28,7 @@ import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from mlxserve.engine.disk_cache import DiskCache
-from mlxserve.engine.token_prefix import common_prefix, usable_prefix
+from mlxserve.engine.token_prefix import common_prefix, usable_share
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,7 @@ class PromptCache:
         """A private copy of the cache to continue from, else `new_cache()`. `reusable`
         caps the prefix a prompt may take (a vision prompt's images)."""
         wanted = np.asarray(prompt, dtype=np.int64)
-        ident, usable = self._best_entry(key, wanted, reusable or (lambda n: n))
-        diverged_at = self._divergence(key, wanted)
+        ident, usable, diverged_at = self._best_entry(key, wanted, reusable or (lambda n: n))
         disk = self._disk if self._persists(key) else None
         loaded = disk.load_longer(key, wanted, usable) if disk else None
         if loaded is not None:
@@ -110,31 +109,27 @@ class PromptCache:
             trim_prompt_cache(cache, len(tokens) - usable)
         return CacheHit(cache, list(prompt[usable:]), usable, diverged_at)
 
-    def _divergence(self, key: str, prompt: np.ndarray) -> int | None:
-        """The prompt index where it leaves the memory entry sharing most of it, if that
-        entry goes on past it; None when the prompt extends its best entry (or is one)."""
-        shared, entry_len = 0, 0
+    def _best_entry(
+        self, key: str, prompt: np.ndarray, reusable: Callable[[int], int]
+    ) -> tuple[tuple[str, bytes] | None, int, int | None]:
+        """The memory entry covering most of `prompt`, how many tokens it covers, and
+        where the prompt leaves the entry sharing most of it if that entry goes on past
+        it (None when the prompt extends its best entry, or is one)."""
+        best, best_len = None, 0
+        shared, shared_entry = 0, 0
         for ident, entry in self._entries.items():
             if ident[0] == key:
                 common = common_prefix(entry.tokens, prompt)
                 if common > shared:
-                    shared, entry_len = common, len(entry.tokens)
-        return shared if entry_len > shared and shared < len(prompt) else None
-
-    def _best_entry(
-        self, key: str, prompt: np.ndarray, reusable: Callable[[int], int]
-    ) -> tuple[tuple[str, bytes] | None, int]:
-        """The memory entry covering most of `prompt`, and how many tokens it covers."""
-        best, best_len = None, 0
-        for ident, entry in self._entries.items():
-            if ident[0] == key:
+                    shared, shared_entry = common, len(entry.tokens)
                 trimmable = can_trim_prompt_cache(entry.cache)
-                usable = reusable(usable_prefix(entry.tokens, prompt, trimmable))
+                usable = reusable(usable_share(common, len(entry.tokens), len(prompt), trimmable))
                 if usable < len(entry.tokens) and not trimmable:
                     usable = 0
                 if usable > best_len:
                     best, best_len = ident, usable
-        return best, best_len
+        diverged = shared if shared_entry > shared and shared < len(prompt) else None
+        return best, best_len, diverged
 
     def store(self, key: str, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache`, which holds exactly `tokens`, for later prompts to extend."""
