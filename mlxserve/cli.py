@@ -133,6 +133,13 @@ def parser() -> argparse.ArgumentParser:
         help="require this key (also MLXSERVE_API_KEY)",
     )
     p.add_argument(
+        "--secret-key",
+        default=os.environ.get("MLXSERVE_SECRET_KEY"),
+        help="sign thinking blocks and seal reasoning and compactions with this key (also "
+        "MLXSERVE_SECRET_KEY; the same on servers behind one name); default: a random key "
+        "made once per install in the cache folder",
+    )
+    p.add_argument(
         "--keepalive-seconds",
         type=float,
         default=DEFAULTS.keepalive_seconds,
@@ -345,6 +352,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         read_timeout=args.read_timeout,
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
+        secret_key=args.secret_key or None,
         log_level=args.log_level,
         keepalive_seconds=args.keepalive_seconds,
         reasoning_format=args.reasoning_format,

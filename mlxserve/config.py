@@ -72,6 +72,8 @@ class ServerConfig:
     read_timeout: float = 60.0  # a client silent this long while sending is let go
     max_body_bytes: int = 16 * 1024 * 1024
     api_key: str | None = None
+    # signs thinking and seals reasoning and compactions; None: the install's key file
+    secret_key: str | None = None
     log_level: str = "INFO"
     keepalive_seconds: float = 5.0
     reasoning_format: str = "separate"

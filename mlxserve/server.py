@@ -17,6 +17,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlxserve.api import secret
 from mlxserve.api.handler import APIHandler
 from mlxserve.api.routes import Routes
 from mlxserve.config import ServerConfig
@@ -29,6 +30,7 @@ from mlxserve.engine.lockstep import Lockstep
 from mlxserve.engine.memory import CACHE_LIMIT_SHARE, GB, device_memory
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.demo import cache_root
 from mlxserve.models.provider import ModelProvider, resolve_model_path
 from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
@@ -84,6 +86,7 @@ class MLXServer(ThreadingHTTPServer):
 def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket.
     `world`: the ranks of a distributed server, this one rank 0."""
+    secret.install(config.secret_key, cache_root())
     paths, budget = _models_and_budget(config)
     cluster = Cluster(world, config, paths, budget) if world is not None else None
     faults = FaultHandler(DRAIN_SECONDS)

@@ -8,8 +8,12 @@ import pytest
 from conversations import BY_NAME
 from sse import named_events, stream
 
+from mlxserve.api import secret
 from mlxserve.api.responses.compaction import EXPANSION
 from mlxserve.api.responses.sealed import COMPACTION, REASONING
+from mlxserve.models.demo import cache_root
+
+secret.install(None, cache_root())  # the servers' key: this install's, in the cache folder
 
 RESPONSES = "/v1/responses"
 COMPACT = "/v1/responses/compact"
@@ -24,7 +28,7 @@ NEXT = {"role": "user", "content": "What is the capital of France?"}
 def summary_of(item: dict) -> str:
     assert set(item) == {"type", "id", "encrypted_content"}
     assert item["type"] == "compaction" and item["id"].startswith("cmp_")
-    summary = COMPACTION.unseal(item["encrypted_content"])
+    summary = COMPACTION.unseal(item["encrypted_content"], "item")
     assert summary, item
     return summary
 

@@ -12,17 +12,23 @@ from mlxserve.config import ServerConfig
 README = Path(__file__).parents[2] / "README.md"
 # Flags whose default is not the parser's: the demo model when none is named, the key
 # from the environment.
-OTHERWISE = {"--model": ServerConfig().model, "--api-key": "$MLXSERVE_API_KEY"}
+OTHERWISE = {
+    "--model": ServerConfig().model,
+    "--api-key": "$MLXSERVE_API_KEY",
+    "--secret-key": "$MLXSERVE_SECRET_KEY",
+}
 ROW = re.compile(r"^\| `(--[a-z-]+)` \| `([^`|]+)` \|", re.MULTILINE)
 
 
 def test_the_command_line_defaults_are_the_configs(monkeypatch):
     monkeypatch.delenv("MLXSERVE_API_KEY", raising=False)
+    monkeypatch.delenv("MLXSERVE_SECRET_KEY", raising=False)
     assert config_from_args(parser().parse_args([])) == ServerConfig()
 
 
 def test_the_readme_table_gives_the_command_line_defaults(monkeypatch):
     monkeypatch.delenv("MLXSERVE_API_KEY", raising=False)
+    monkeypatch.delenv("MLXSERVE_SECRET_KEY", raising=False)
     defaults = vars(parser().parse_args([]))
     rows = ROW.findall(README.read_text())
     assert len(rows) > 15  # the table is still where this test looks

@@ -1,8 +1,8 @@
 """Signatures of thinking blocks: the server recognises its own reasoning when a client
 sends it back in the history.
 
-A signature is a keyed hash of the thinking text. It is no secret (the client writes its
-whole prompt anyway); it tells this server's reasoning, which goes back to the model as
+A signature is a hash of the thinking text keyed with the install's secret (api/secret.py):
+it tells this server's reasoning, which goes back to the model as
 its reasoning, from anything else (another provider's thinking, an edited block), which
 is left out of the prompt, as Anthropic leaves out thinking it cannot verify."""
 
@@ -12,12 +12,14 @@ import base64
 import hashlib
 import hmac
 
-_KEY = b"mlxserve thinking signature v1"
+from mlxserve.api import secret
+
 PREFIX = "mlxserve-v1."
 
 
 def sign(thinking: str) -> str:
-    digest = hmac.new(_KEY, thinking.encode("utf-8"), hashlib.sha256).digest()
+    signed = ("thinking\n" + thinking).encode("utf-8")  # apart from the sealed blobs' tags
+    digest = hmac.new(secret.current(), signed, hashlib.sha256).digest()
     return PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 

@@ -49,5 +49,5 @@ def compaction_item(summary: str) -> dict:
 
 def expanded(blob: str, param: str) -> neutral.Message | None:
     """The turn a compaction item stands for; None when it is not this server's."""
-    summary = COMPACTION.unseal(blob)
+    summary = COMPACTION.unseal(blob, f"{param}.encrypted_content")
     return None if summary is None else neutral.Message("user", EXPANSION + summary, param)

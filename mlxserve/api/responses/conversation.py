@@ -177,7 +177,7 @@ class Conversation:
         turn = self._turn
         if turn is not None and (turn.parts or turn.calls):
             self._flush()
-        text = _reasoning_text(item, stored)
+        text = _reasoning_text(item, stored, where)
         if text is None:
             log.debug("reasoning at %s is not this server's; left out of the prompt", where)
         else:
@@ -203,10 +203,10 @@ class Conversation:
         )
 
 
-def _reasoning_text(item: ReasoningItem, stored: bool) -> str | None:
+def _reasoning_text(item: ReasoningItem, stored: bool, where: str) -> str | None:
     """A stored item's text is the server's own; a client's counts only when sealed here."""
     if item.encrypted_content is not None:
-        return REASONING.unseal(item.encrypted_content)
+        return REASONING.unseal(item.encrypted_content, f"{where}.encrypted_content")
     if stored:
         return "".join(part.text for part in item.content or item.summary)
     return None
