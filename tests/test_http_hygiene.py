@@ -115,6 +115,37 @@ def test_ambiguous_framing_is_refused(srv):
         assert b"Connection: close" in reply.partition(b"\r\n\r\n")[0]
 
 
+def chunked(body: bytes, size: str = "{:x}") -> bytes:
+    return size.format(len(body)).encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+
+
+def test_lax_framing_is_refused(srv):
+    """What Python's int() or a substring match would take, and a proxy in front may read
+    otherwise: request-smuggling material. The plain forms are answered."""
+    base = "\n".join([f"POST {CHAT} HTTP/1.1", f"Host: {host(srv)}"])
+    refused = [
+        (f"{base}\nContent-Length: +{len(REQUEST)}", REQUEST),
+        (f"{base}\nContent-Length: 0_{len(REQUEST)}", REQUEST),
+        (f"{base}\nContent-Length: {len(REQUEST)}, {len(REQUEST) + 1}", REQUEST),
+        (f"{base}\nTransfer-Encoding: xchunked", chunked(REQUEST)),
+        (f"{base}\nTransfer-Encoding: gzip, chunked", chunked(REQUEST)),
+        (f"{base}\nTransfer-Encoding: chunked\nTransfer-Encoding: chunked", chunked(REQUEST)),
+        (f"{base}\nTransfer-Encoding: chunked", chunked(REQUEST, "0x{:x}")),
+        (f"{base}\nTransfer-Encoding: chunked", chunked(REQUEST, "+{:x}")),
+    ]
+    for head, body in refused:
+        reply = request(srv, head, body)
+        assert status_of(reply) == 400, (head, reply)
+        assert b"Connection: close" in reply.partition(b"\r\n\r\n")[0]
+    answered = [
+        (f"{base}\nContent-Length: {len(REQUEST)}, {len(REQUEST)}", REQUEST),
+        (f"{base}\nTransfer-Encoding: Chunked", chunked(REQUEST, "{:X};ext=1")),
+    ]
+    for head, body in answered:
+        reply = request(srv, head + "\nConnection: close", body)
+        assert status_of(reply) == 200, (head, reply)
+
+
 def test_a_foreign_host_name_is_refused(srv):
     """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1."""
     status, _, body = srv.post(CHAT, BY_NAME["capital"].request, {"Host": "evil.example"})

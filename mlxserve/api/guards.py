@@ -4,11 +4,13 @@ Origin), what it must be (JSON from browsers), and how its body is framed.
 Why each exists: a server on localhost is reachable from any web page the user opens.
 DNS rebinding points a page's own host name at 127.0.0.1 (the Host header still names
 the page); a cross-site form or `text/plain` fetch needs no CORS preflight. Ambiguous
-framing (two lengths, a length and chunking) is how requests are smuggled past proxies."""
+framing (two lengths, a length and chunking, numbers or encodings a lax parser reads
+otherwise) is how requests are smuggled past proxies."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import urlsplit
@@ -87,18 +89,33 @@ class Framing:
     length: int
 
 
+DIGITS = re.compile(r"[0-9]{1,18}")
+HEX_DIGITS = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
 def body_framing(headers: Message) -> Framing:
-    """The body's framing, or a 400 when the headers disagree about it."""
-    chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
-    lengths = headers.get_all("Content-Length") or []
-    if chunked and lengths:
-        raise bad_request("A request may not have both Content-Length and chunked encoding.")
-    if len(lengths) > 1:
-        raise bad_request("A request may have only one Content-Length header.")
-    try:
-        length = int(lengths[0]) if lengths else 0
-    except ValueError:
-        raise bad_request("Invalid Content-Length header.") from None
-    if length < 0:
-        raise bad_request("Invalid Content-Length header.")
-    return Framing(chunked, length)
+    """The body's framing, or a 400 when the headers are anything but plain: one
+    Transfer-Encoding, exactly `chunked`; Content-Length digits only, equal where repeated;
+    never both. What a lax parser would take (`xchunked`, `+5`, `0_5`) is how a request is
+    smuggled past a proxy that reads it otherwise."""
+    encodings = headers.get_all("Transfer-Encoding") or []
+    lengths = [v.strip() for h in headers.get_all("Content-Length") or [] for v in h.split(",")]
+    if encodings and lengths:
+        raise bad_request("A request may not have both Content-Length and Transfer-Encoding.")
+    if encodings:
+        if len(encodings) > 1 or encodings[0].strip().lower() != "chunked":
+            raise bad_request(
+                f"Transfer-Encoding {', '.join(encodings)!r} is not supported; only chunked."
+            )
+        return Framing(True, 0)
+    if not all(DIGITS.fullmatch(v) for v in lengths) or len(set(lengths)) > 1:
+        raise bad_request("Invalid Content-Length header: one decimal number.")
+    return Framing(False, int(lengths[0]) if lengths else 0)
+
+
+def chunk_size(line: bytes) -> int:
+    """A chunk's size line (hex digits, then perhaps `;extensions`), or a 400."""
+    digits = line.split(b";", 1)[0].strip(b" \t\r\n")
+    if not HEX_DIGITS.fullmatch(digits):
+        raise bad_request("Malformed chunked request body: a chunk size is hex digits.")
+    return int(digits, 16)

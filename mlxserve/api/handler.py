@@ -15,7 +15,7 @@ from typing import Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 from mlxserve.api.errors import ErrorReply
-from mlxserve.api.guards import body_framing, check_browser_post, check_host
+from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
 from mlxserve.api.routes import (
     GET_PATHS,
     HEALTH_PATHS,
@@ -30,7 +30,6 @@ from mlxserve.protocol.errors import (
     ClientGone,
     ErrorKind,
     ServiceError,
-    bad_request,
     internal_error,
     not_found,
 )
@@ -225,13 +224,7 @@ class APIHandler(BaseHTTPRequestHandler):
     def _read_chunked(self, limit: int) -> bytes:
         body = bytearray()
         while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                size = -1
-            if size < 0:
-                raise bad_request("Malformed chunked request body.")
+            size = chunk_size(self.rfile.readline(1024))
             if size == 0:
                 while self.rfile.readline(1024).strip():
                     pass
