@@ -179,3 +179,69 @@ def test_unknown_path_and_wrong_method(server):
 def test_invalid_tools_and_template_kwargs(server, gemma, extra, param):
     for srv in (server, gemma):  # a template with tools, and one that gets them injected
         assert_error(srv.post(CHAT, {"messages": MESSAGES, **extra}), 400, param=param)
+
+
+def nested(depth: int) -> dict:
+    value: dict = {"type": "string"}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"a": value}}
+    return value
+
+
+def deep_tool(depth: int) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": nested(depth)}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (CHAT, {"messages": MESSAGES, "tools": [deep_tool(450)]}, "tools[0].function.parameters"),
+        (
+            "/v1/messages",
+            {
+                "model": "default",
+                "max_tokens": 5,
+                "messages": MESSAGES,
+                "tools": [{"name": "f", "input_schema": nested(450)}],
+            },
+            "tools[0].input_schema.properties",
+        ),
+        (
+            "/v1/responses",
+            {
+                "input": "Hi",
+                "tools": [{"type": "function", "name": "f", "parameters": nested(450)}],
+            },
+            "tools[0].parameters.properties",
+        ),
+        (
+            CHAT,
+            {"messages": MESSAGES, "chat_template_kwargs": {"x": nested(450)}},
+            "chat_template_kwargs.x.properties.a",
+        ),
+        (
+            "/tokenize",
+            {"messages": MESSAGES, "tools": [deep_tool(450)]},
+            "tools[0].function.parameters",
+        ),
+        (
+            CHAT,
+            {
+                "messages": MESSAGES,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": nested(450)},
+                },
+            },
+            "response_format.json_schema.schema.properties",
+        ),
+    ],
+)
+def test_deep_nesting_is_a_400_naming_the_field(server, path, body, field):
+    """Schemas and template arguments are walked recursively by the grammar compiler, the
+    template engine and the validators: 900 levels would exhaust the stack there."""
+    status, _, reply = server.post(path, body)
+    assert status == 400, reply
+    error = reply.get("error", {})
+    message = error["message"] if isinstance(error, dict) else str(reply)
+    assert field in message and "nests deeper than 64 levels" in message, reply

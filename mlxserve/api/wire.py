@@ -46,11 +46,37 @@ def parse_json_body(raw: bytes) -> dict:
         raise bad_request(f"The request body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    _check_depth(body)
     try:  # JSON may escape lone UTF-16 surrogates ("\ud800"), which are not Unicode
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:
         raise bad_request(f"The request body is not valid Unicode: {e.reason}.") from e
     return body
+
+
+# Deeper than any schema, template argument or tool input a client means: the fields the
+# core walks recursively (schemas to grammars, kwargs into templates) stay far from
+# Python's recursion limit.
+MAX_DEPTH = 64
+_NAMED_SEGMENTS = 4  # a too-deep value is named by the first segments of its path
+
+
+def _check_depth(body: dict) -> None:
+    """A 400 naming the field whose value nests deeper than MAX_DEPTH (walked without
+    recursion, so no nesting can exhaust the stack here either)."""
+    stack: list[tuple[Any, tuple, int]] = [(body, (), 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            field = "".join(
+                f"[{part}]" if isinstance(part, int) else f".{part}" if i else part
+                for i, part in enumerate(path[:_NAMED_SEGMENTS])
+            )
+            raise bad_request(f"'{field}' nests deeper than {MAX_DEPTH} levels.", param=field)
+        if isinstance(value, dict):
+            stack += [(v, (*path, str(k)), depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, (*path, i), depth + 1) for i, v in enumerate(value)]
 
 
 def validate(model: type[BaseModel], body: dict) -> Any:
