@@ -9,7 +9,10 @@ import os
 import sys
 from pathlib import Path
 
+from jinja2 import TemplateError, TemplateSyntaxError
+
 from mlxserve import __version__
+from mlxserve.compat import compile_chat_template
 from mlxserve.config import ModelSettings, SamplingDefaults, ServerConfig
 from mlxserve.config_file import load_models
 from mlxserve.distributed.world import MODES
@@ -305,17 +308,28 @@ def parser() -> argparse.ArgumentParser:
 
 def chat_template(value: str | None) -> str | None:
     """--chat-template: Jinja text (it has {{ or {%), else the path of a file holding it; a
-    path that names no file is an error, not a template that prints the path."""
-    if value is None or "{{" in value or "{%" in value:
-        return value
-    path = Path(value).expanduser()
+    path that names no file is an error, not a template that prints the path, and so is a
+    template that does not compile."""
+    if value is None:
+        return None
+    text = value
+    if "{{" not in value and "{%" not in value:
+        path = Path(value).expanduser()
+        try:
+            found = path.is_file()
+        except (OSError, ValueError):  # a name too long, a NUL byte
+            found = False
+        if not found:
+            raise SystemExit(
+                f"mlxserve: --chat-template {value!r} is neither a file nor a template"
+            )
+        text = path.read_text()
     try:
-        found = path.is_file()
-    except (OSError, ValueError):  # a name too long, a NUL byte
-        found = False
-    if not found:
-        raise SystemExit(f"mlxserve: --chat-template {value!r} is neither a file nor a template")
-    return path.read_text()
+        compile_chat_template(text)
+    except TemplateError as e:
+        line = f" (line {e.lineno})" if isinstance(e, TemplateSyntaxError) else ""
+        raise SystemExit(f"mlxserve: the chat template does not compile{line}: {e}") from e
+    return text
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Every reach into mlx-lm's and mlx-vlm's internals, in one place.
+"""Every reach into mlx-lm's, mlx-vlm's and transformers' internals, in one place.
 
 mlxserve needs a few names these libraries do not promise to keep (leading underscores,
 the state of their generation classes). Each is named here once, with why; the unit test
@@ -75,3 +75,12 @@ def forget_vision_positions(language_model: Any) -> None:
     for name in VISION_POSITION_STATE:
         if hasattr(language_model, name):
             setattr(language_model, name, None)
+
+
+def compile_chat_template(template: str) -> None:
+    """Compile a chat template as transformers will render it (its sandbox, and the
+    extensions it adds, such as `{% generation %}`), so that a broken --chat-template stops
+    the server at start instead of failing every chat; raises jinja2's TemplateError."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    _compile_jinja_template(template)

@@ -46,6 +46,20 @@ def test_a_chat_template_path_that_names_no_file_stops_the_server(tiny_model, tm
     assert f"--chat-template {missing!r} is neither a file nor a template" in done.stderr
 
 
+def test_a_chat_template_that_does_not_compile_stops_the_server(tiny_model, tmp_path):
+    """It used to start and fail every chat with a 400."""
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for message in messages %}{{ message.content }}\n{% endfo %}")
+    command = [sys.executable, "-m", "mlxserve", "--model", str(tiny_model), "--port", "0"]
+    for value in (str(broken), "{{ messages[0].content }"):
+        done = subprocess.run(
+            [*command, "--chat-template", value], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0
+        assert "mlxserve: the chat template does not compile" in done.stderr, done.stderr
+    assert "(line 2)" in done.stderr or "(line 1)" in done.stderr
+
+
 def test_chat_template_args_and_request_kwargs(server, launch, tiny_model):
     messages = BY_NAME["capital"].messages
     plain = reply(server, messages)["usage"]["prompt_tokens"]

@@ -61,3 +61,9 @@ def test_the_generation_batch_state_speculation_uses(tiny_model):
 def test_qwen_vl_keeps_positions_where_they_are_forgotten():
     source = inspect.getsource(qwen2_vl_language)
     assert all(f"self.{name}" in source for name in compat.VISION_POSITION_STATE)
+
+
+def test_chat_templates_compile_as_transformers_renders_them():
+    compat.compile_chat_template("{% generation %}{{ messages[0].content }}{% endgeneration %}")
+    with pytest.raises(Exception, match="endfo"):
+        compat.compile_chat_template("{% for m in messages %}{% endfo %}")
