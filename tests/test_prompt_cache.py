@@ -155,6 +155,22 @@ def test_a_full_disk_turns_the_tier_off_and_requests_go_on(launch, tiny_model, t
     assert sum("disk tier turned off" in line for line in srv.log) == 1
 
 
+def test_an_unwritable_folder_is_reported_from_the_start(launch, tiny_model, tmp_path):
+    """The tier is probed at start: /health tells the truth before any write is tried,
+    and a killed writer's unfinished file is swept away."""
+    folder = tmp_path / "prompt-cache"
+    folder.mkdir()
+    leftover = folder / f"{'a' * 32}.partial.safetensors"
+    leftover.write_bytes(b"half a cache")
+    swept = launch(tiny_model, "--prompt-cache-dir", str(folder))
+    assert disk_health(swept) == {"enabled": True, "error": None}
+    assert not leftover.exists()
+    full = launch(tiny_model, "--prompt-cache-dir", str(folder), preexec=file_size_limit(0))
+    health = disk_health(full)
+    assert health["enabled"] is False and "cannot use" in health["error"], health
+    assert answer(chat(full, BY_NAME["story"].messages)) == BY_NAME["story"].reply
+
+
 def test_a_folder_that_goes_away_turns_the_tier_off(launch, tiny_model, tmp_path):
     folder = tmp_path / "prompt-cache"
     srv = launch(tiny_model, "--prompt-cache-size", "1", "--prompt-cache-dir", str(folder))

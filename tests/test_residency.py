@@ -132,6 +132,18 @@ def test_idle_models_are_unloaded_and_reloaded(launch, tiny_model, model_dir):
     assert len(events(srv, "Loading model from")) == 3
 
 
+def test_a_link_out_of_the_model_dir_is_not_a_model_of_it(launch, tiny_model, model_dir):
+    """A symlink in --model-dir to a folder elsewhere is neither listed nor loadable."""
+    outside = model_dir.parent / "elsewhere"
+    shutil.copytree(tiny_model, outside / "secret-model")
+    (model_dir / "linked").symlink_to(outside / "secret-model")
+    srv = launch(tiny_model, "--model-dir", str(model_dir))
+    listed = [m["id"] for m in srv.get("/v1/models")[2]["data"]]
+    assert "tiny-copy" in listed and "linked" not in listed, listed
+    status, _, body = ask(srv, "linked")
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
 def test_load_and_unload_endpoints(launch, tiny_model, model_dir):
     srv = launch(tiny_model, "--model-dir", str(model_dir), "--api-key", "sekret")
     key = {"Authorization": "Bearer sekret"}

@@ -3,8 +3,10 @@ total size, oldest-used removed first. Files carry their model key and tokens in
 safetensors header, so a restarted server finds them without loading any array, and a
 checksum of their bytes in their name, so a damaged file is a miss, never a wrong answer.
 
-The tier is an optimisation: the first write that fails (a full or read-only folder)
-turns it off with one warning, and requests go on from memory."""
+The tier is an optimisation: a folder that cannot be written at start, or the first write
+that fails later (a full disk), turns it off with one warning, and requests go on from
+memory. Files a killed writer left unfinished (`*.partial.safetensors`) are removed at
+start."""
 
 from __future__ import annotations
 
@@ -53,11 +55,22 @@ class DiskCache:
         self._files: dict[Path, _File] = {}
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            self._probe()
             self._scan()
         except OSError as e:
             self._turn_off(f"cannot use {folder}: {e}")
 
+    def _probe(self) -> None:
+        """Write a file now: an unwritable folder turns the tier off at start, so /health
+        says so from the first request instead of after the first eviction."""
+        probe = self._folder / f".probe.{os.getpid()}"
+        probe.write_bytes(b"mlxserve")
+        probe.unlink()
+
     def _scan(self) -> None:
+        for path in self._folder.glob(f"*.partial{SUFFIX}"):  # a killed writer's leftovers
+            log.info("Removing an unfinished prompt cache file %s", path.name)
+            _unlink(path)
         for path in self._folder.glob(f"*{SUFFIX}"):
             # Only regular files: opening a FIFO would block start-up forever.
             found = _read_header(path) if path.is_file() else None

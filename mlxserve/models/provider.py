@@ -261,7 +261,9 @@ class ModelProvider:
                 *sorted(root.glob("*/config.json")),
                 *sorted(root.glob("*/*/config.json")),
             ]:
-                found.setdefault(str(config.parent.relative_to(root)), ModelSpec(config.parent))
+                folder = config.parent.resolve()
+                if _is_inside(folder, root):  # a link out of the folder is no model of it
+                    found.setdefault(str(config.parent.relative_to(root)), ModelSpec(folder))
         for repo_id, path in _cached_hub_models():
             found.setdefault(repo_id, ModelSpec(path))
         return found
