@@ -200,3 +200,27 @@ def test_a_budget_smaller_than_the_weights_is_a_clear_start_up_error(tiny_model)
     with pytest.raises(RuntimeError) as error:
         start_server(tiny_model, "--memory-budget-gb", "0.0005")
     assert "The memory budget (0.00 GB) does not hold the weights" in str(error.value)
+
+
+def test_text_that_cannot_fit_is_refused_before_it_is_tokenized(server):
+    """15 MB of text (no context holds it) to each place that tokenizes: refused from its
+    length, in each dialect's words, and the server's memory stays where it was
+    (tokenized, it took seconds and gigabytes, most never given back)."""
+    import psutil
+
+    huge = "lemon tree " * 1_400_000  # 15 MB
+    process = psutil.Process(server.process.pid)
+    before = process.memory_info().rss
+    error = openai_error(server.post(CHAT, {"messages": [{"role": "user", "content": huge}]}))
+    assert error["param"] == "messages" and "prompt is at least " in error["message"]
+    error = openai_error(server.post("/tokenize", {"prompt": huge}))
+    assert error["param"] == "prompt"
+    error = openai_error(server.post("/v1/completions", {"prompt": huge}))
+    assert error["param"] == "prompt"
+    status, _, body = server.post(
+        "/v1/messages/count_tokens",
+        {"model": "default", "messages": [{"role": "user", "content": huge}]},
+    )
+    assert status == 400 and body["error"]["message"].startswith("prompt is too long: ")
+    assert body["error"]["message"].endswith(f" tokens > {CONTEXT} maximum")
+    assert process.memory_info().rss - before < 200 * 1024 * 1024

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
@@ -52,3 +53,10 @@ def _processor_chat_template(tokenizer: TokenizerWrapper, path: Path) -> None:
 
     load_chat_template(hf_tokenizer(tokenizer), path)
     tokenizer.has_chat_template = hf_tokenizer(tokenizer).chat_template is not None
+
+
+@lru_cache(maxsize=8)  # per tokenizer
+def longest_token(tokenizer) -> int:
+    """Characters in the tokenizer's longest vocabulary piece: no text of more than n times
+    this can be fewer than n tokens, which bounds a prompt before it is tokenized."""
+    return max(map(len, tokenizer.get_vocab()), default=1)

@@ -48,10 +48,13 @@ class ContextLengthExceeded(ServiceError):
     Dialects word it their own way from the numbers. An output limit beyond the room left
     is no error: it is a ceiling, and generation stops when the context is full."""
 
-    def __init__(self, prompt_tokens: int, limit: int, param: str):
+    def __init__(self, prompt_tokens: int, limit: int, param: str, at_least: bool = False):
+        """`at_least`: the prompt was refused from its length in characters, before it was
+        tokenized: it has at least `prompt_tokens` tokens."""
+        size = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
         message = (
             f"This model's maximum context length is {limit} tokens. However, your "
-            f"prompt is {prompt_tokens} tokens. Please reduce the length of the prompt."
+            f"prompt is {size} tokens. Please reduce the length of the prompt."
         )
         super().__init__(ErrorKind.INVALID_REQUEST, message, param, "context_length_exceeded")
         self.prompt_tokens = prompt_tokens

@@ -6,6 +6,7 @@ may be at fault carries `param`: where the client put it, as its dialect names i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,6 +43,16 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None  # a tool result: the call it answers
     reasoning: str | None = None  # an assistant turn's reasoning
+
+    @property
+    def text_length(self) -> int:
+        parts = (TextPart(self.content),) if isinstance(self.content, str) else self.content
+        texts = [p.text for p in parts or () if isinstance(p, TextPart)] + [self.reasoning or ""]
+        texts += [
+            c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)
+            for c in self.tool_calls
+        ]
+        return sum(map(len, texts))
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,14 @@ class ChatRequest(GenerationRequest):
     reasoning_budget: int | None = None  # most tokens of reasoning before the answer
     continue_final: bool = False  # the reply continues the last (assistant) message
     drop_oldest_to_fit: bool = False  # over the context: the oldest turns are left out
+
+    @property
+    def text_length(self) -> int:
+        """Characters of text the prompt is rendered from (messages, tools, template
+        arguments): what bounds its tokens from below before anything is tokenized."""
+        return sum(message.text_length for message in self.messages) + len(
+            json.dumps([tool.definition() for tool in self.tools] + [self.template_kwargs])
+        )
 
     @property
     def tool_definitions(self) -> list[dict] | None:

@@ -17,6 +17,7 @@ from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, ModelSpec
+from mlxserve.models.tokenizer import longest_token
 from mlxserve.postprocess.output import (
     ChatMarkup,
     TextOutput,
@@ -68,6 +69,9 @@ class ChatService:
         """`reasoning_format` overrides --reasoning-format (a dialect with reasoning
         blocks of its own always wants them separate)."""
         spec, tokenizer = self.generator(request.model)
+        if request.drop_oldest_to_fit:
+            request = self._within_text_bound(spec, tokenizer, request)
+        self._check_text(spec, tokenizer, request.text_length, request.messages_param)
         tools = request.tool_definitions
         config = self.provider.config_for(spec)
         injected = injects_tools(tokenizer, config.chat_template, tools)
@@ -122,6 +126,7 @@ class ChatService:
     def chat_prompt(self, request: ChatRequest) -> tuple[ModelSpec, list[int]]:
         """The request's prompt tokens, rendered exactly as for a reply."""
         spec, tokenizer = self.model(request.model)
+        self._check_text(spec, tokenizer, request.text_length, request.messages_param)
         template = self.provider.config_for(spec).chat_template
         injected = injects_tools(tokenizer, template, request.tool_definitions)
         return spec, self._render(spec, tokenizer, request, injected)[0]
@@ -130,6 +135,7 @@ class ChatService:
         self, model: str | None, text: str, add_special_tokens: bool
     ) -> tuple[ModelSpec, list[int]]:
         spec, tokenizer = self.model(model)
+        self._check_text(spec, tokenizer, len(text), "prompt")
         return spec, tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def detokenize(self, model: str | None, tokens: list[int]) -> tuple[ModelSpec, str]:
@@ -171,6 +177,9 @@ class ChatService:
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         spec, tokenizer = self.generator(request.model)
+        for prompt in request.prompts:
+            if isinstance(prompt, str):
+                self._check_text(spec, tokenizer, len(prompt), request.prompt_param)
         prompts = encode_prompts(tokenizer, request)
         longest = max(len(p) for p in prompts)
         sequences = request.n * len(prompts)
@@ -242,6 +251,31 @@ class ChatService:
             raise ContextLengthExceeded(prompt_tokens, limit, prompt_param)
         return min(wanted, limit - prompt_tokens)
 
+    def _text_bound(self, spec: ModelSpec, tokenizer) -> int | None:
+        """The most characters a prompt that fits the context can have (see longest_token)."""
+        limit = self.provider.context_length(spec)
+        return None if limit is None else limit * longest_token(tokenizer)
+
+    def _check_text(self, spec: ModelSpec, tokenizer, chars: int, param: str) -> None:
+        """Text that cannot fit the context is refused before it is tokenized: tokenizing
+        megabytes takes seconds and gigabytes of memory, only to refuse them after."""
+        bound = self._text_bound(spec, tokenizer)
+        if bound is not None and chars > bound:
+            limit = bound // longest_token(tokenizer)
+            at_least = -(-chars // longest_token(tokenizer))
+            raise ContextLengthExceeded(at_least, limit, param, at_least=True)
+
+    def _within_text_bound(self, spec: ModelSpec, tokenizer, request: ChatRequest):
+        """A request that may drop its oldest turns, without those that could not fit
+        anyway, found by their characters (before any of it is rendered)."""
+        bound = self._text_bound(spec, tokenizer)
+        if bound is None or request.text_length <= bound:
+            return request
+        for candidate in _without_oldest_turns(request):
+            if candidate.text_length <= bound:
+                return candidate
+        return request
+
     def embed(self, request: EmbeddingRequest) -> tuple[ModelSpec, Embeddings]:
         spec, tokenizer = self.model(request.model)
         if not spec.embedding:
@@ -251,6 +285,9 @@ class ChatService:
                 param="model",
                 code="model_not_embedding",
             )
+        for i, given in enumerate(request.inputs):
+            if isinstance(given, str):
+                self._check_text(spec, tokenizer, len(given), f"{request.inputs_param}[{i}]")
         inputs = tokenized(request, tokenizer, self.provider.context_length(spec))
         vectors = self.worker.call(lambda: self.worker.embed(spec, inputs))
         if (record := current_request()) is not None:
@@ -292,15 +329,12 @@ class ChatService:
 
         if fits(rendered[0]):
             return request, rendered
-        messages = request.messages
-        lead = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
-        cuts = [i for i in range(lead + 1, len(messages)) if messages[i].role == "user"]
+        candidates = _without_oldest_turns(request)
         best = request, rendered
-        low, high = 0, len(cuts) - 1
+        low, high = 0, len(candidates) - 1
         while low <= high:  # the fewest turns dropped: prompts shrink as more are dropped
             middle = (low + high) // 2
-            kept = messages[:lead] + messages[cuts[middle] :]
-            candidate = replace(request, messages=kept)
+            candidate = candidates[middle]
             prompt = self._render(spec, tokenizer, candidate, injected)
             if fits(prompt[0]):
                 best, high = (candidate, prompt), middle - 1
@@ -320,6 +354,15 @@ class ChatService:
             ImageLimits.from_config(self.config),
         )
         return render_vision_chat(vision, request, template_args, template, injected)
+
+
+def _without_oldest_turns(request: ChatRequest) -> list[ChatRequest]:
+    """The request without its oldest turn, without its two oldest, and so on: each turn
+    up to a user message; the system turns it opens with stay."""
+    messages = request.messages
+    lead = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+    cuts = [i for i in range(lead + 1, len(messages)) if messages[i].role == "user"]
+    return [replace(request, messages=messages[:lead] + messages[cut:]) for cut in cuts]
 
 
 def _usable(grammar: Grammar | None, spec: ModelSpec) -> Grammar | None:
