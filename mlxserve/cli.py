@@ -274,6 +274,12 @@ def parser() -> argparse.ArgumentParser:
         help="seconds allowed for fetching an image URL",
     )
     p.add_argument(
+        "--allow-local-image-urls",
+        action="store_true",
+        help="image URLs may name loopback and private addresses (a local image server); "
+        "link-local and metadata addresses are refused whatever this says",
+    )
+    p.add_argument(
         "--responses-store-size",
         type=int,
         default=DEFAULTS.responses_store_size,
@@ -389,6 +395,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_image_bytes=args.max_image_bytes,
         max_image_pixels=args.max_image_pixels,
         image_fetch_timeout=args.image_fetch_timeout,
+        allow_local_image_urls=args.allow_local_image_urls,
         responses_store_size=args.responses_store_size,
         responses_store_mb=args.responses_store_mb,
         pin=args.pin,

@@ -96,6 +96,7 @@ class ServerConfig:
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 2048 * 2048  # larger images are downscaled, aspect kept
     image_fetch_timeout: float = 10.0
+    allow_local_image_urls: bool = False  # image URLs may name loopback and private hosts
     responses_store_size: int = 1000  # stored Responses API responses; 0: none
     responses_store_mb: float = 256.0  # their bound in bytes, as JSON
     pin: bool = False  # the --model models are never unloaded

@@ -299,7 +299,11 @@ def gemma(gemma_model) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def vision(vision_model, image_dir) -> Iterator[Server]:
-    yield from _serving(vision_model, "--image-dir", str(image_dir), "--max-image-bytes", "4096")
+    yield from _serving(
+        vision_model,
+        *("--image-dir", str(image_dir), "--max-image-bytes", "4096"),
+        "--allow-local-image-urls",  # the tests' image server is on loopback
+    )
 
 
 @pytest.fixture

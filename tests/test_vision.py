@@ -72,6 +72,10 @@ class _Images(BaseHTTPRequestHandler):
             self._send(200, noise_png(64), "image/png")
         elif name == "slow.png":
             self._trickle(square_png("red"), TRICKLE_SECONDS)
+        elif name == "slow-headers.png":
+            self._trickle_head(TRICKLE_SECONDS * 10)
+        elif name == "to-metadata":
+            self._redirect("http://169.254.169.254/latest/meta-data/")
         else:
             self._send(404, b"no such file", "text/plain")
 
@@ -90,6 +94,16 @@ class _Images(BaseHTTPRequestHandler):
         for i in range(len(body)):
             self.wfile.write(body[i : i + 1])
             self.wfile.flush()
+            time.sleep(seconds_per_byte)
+
+    def _trickle_head(self, seconds_per_byte: float) -> None:
+        """Response headers a byte at a time: never silent for long, never finished."""
+        for byte in b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 1000:
+            try:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            except OSError:
+                return
             time.sleep(seconds_per_byte)
 
     def _redirect(self, location: str) -> None:
@@ -314,19 +328,18 @@ def test_bad_image_urls_are_400(vision, image_host, path, code):
 
 
 def test_a_redirect_is_followed_only_to_http(vision, image_host):
-    """A redirect may not reach a scheme that a URL in the request may not name (urllib
-    follows ftp:// and refuses file:// itself)."""
+    """A redirect may not reach a scheme that a URL in the request may not name."""
     response = ask(vision, f"{image_host}/to-ftp")
-    assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
+    assert_error(response, 400, param="messages[0].content[0]", code="image_url_not_allowed")
     assert "a redirect to a ftp: URL" in response[2]["error"]["message"]
     response = ask(vision, f"{image_host}/to-file")
-    assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
+    assert_error(response, 400, param="messages[0].content[0]", code="image_url_not_allowed")
 
 
 @pytest.fixture(scope="module")
 def quick_fetch(vision_model) -> Iterator:
     """A vision server with a one-second image fetch timeout and the default byte limit."""
-    srv = start_server(vision_model, "--image-fetch-timeout", "1")
+    srv = start_server(vision_model, "--image-fetch-timeout", "1", "--allow-local-image-urls")
     yield srv
     srv.stop()
 
@@ -337,6 +350,50 @@ def test_the_fetch_timeout_bounds_the_whole_fetch(quick_fetch, image_host):
     response = ask(quick_fetch, f"{image_host}/slow.png")
     assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
     assert "longer than --image-fetch-timeout" in response[2]["error"]["message"]
+
+
+def test_the_fetch_timeout_covers_trickled_headers(quick_fetch, image_host):
+    """Headers a byte every half second: the fetch ends at its deadline, not never."""
+    started = time.monotonic()
+    response = ask(quick_fetch, f"{image_host}/slow-headers.png")
+    assert_error(response, 400, param="messages[0].content[0]", code="image_unreachable")
+    assert "longer than --image-fetch-timeout" in response[2]["error"]["message"]
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",  # the metadata service, by address
+        "http://2852039166/latest/meta-data/",  # the same as a decimal integer
+        "http://[::ffff:169.254.169.254]/latest/meta-data/",  # as IPv4-mapped IPv6
+        "http://[fe80::1]/",  # IPv6 link-local
+        "http://0.0.0.0/red.png",
+    ],
+)
+def test_link_local_and_metadata_addresses_are_never_fetched(quick_fetch, url):
+    """Refused before connecting (the message says why, not that the network failed),
+    even on a server that allows local image URLs."""
+    response = ask(quick_fetch, url)
+    assert_error(response, 400, param="messages[0].content[0]", code="image_url_not_allowed")
+    assert (
+        "never fetched" in response[2]["error"]["message"]
+        or "not an address" in (response[2]["error"]["message"])
+    )
+
+
+def test_a_redirect_to_the_metadata_service_is_refused(quick_fetch, image_host):
+    response = ask(quick_fetch, f"{image_host}/to-metadata")
+    assert_error(response, 400, param="messages[0].content[0]", code="image_url_not_allowed")
+    assert "169.254.169.254" in response[2]["error"]["message"]
+
+
+def test_local_image_urls_are_refused_by_default(launch, vision_model, image_host):
+    srv = launch(vision_model)
+    for url in (f"{image_host}/red.png", "http://localhost:9/red.png", "http://10.0.0.1/x.png"):
+        response = ask(srv, url)
+        assert_error(response, 400, param="messages[0].content[0]", code="image_url_not_allowed")
+        assert "--allow-local-image-urls" in response[2]["error"]["message"]
 
 
 def test_a_decompression_bomb_is_refused_before_decoding(quick_fetch):

@@ -11,7 +11,6 @@ import binascii
 import hashlib
 import io
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,10 +19,10 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from mlxserve.chat.fetch import FetchError, FetchRules, TooLarge, fetch
 from mlxserve.config import ServerConfig
 from mlxserve.protocol.errors import ServiceError, bad_request
 
-MAX_REDIRECTS = 3
 # Decoding is refused beyond this many pixels (a decompression bomb: a few hundred KB of
 # PNG can hold 100 MP, 300 MB decoded), before downscaling. 50 MP keeps phone photos.
 MAX_DECODED_PIXELS = 50_000_000
@@ -41,6 +40,7 @@ class ImageLimits:
     max_pixels: int  # larger images are downscaled, aspect kept
     fetch_timeout: float
     allowed_dirs: tuple[Path, ...]  # local files must lie inside one of these
+    allow_local_urls: bool  # image URLs may name loopback and private addresses
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> ImageLimits:
@@ -49,6 +49,7 @@ class ImageLimits:
             max_pixels=config.max_image_pixels,
             fetch_timeout=config.image_fetch_timeout,
             allowed_dirs=(*config.image_dirs, *config.model_dirs),
+            allow_local_urls=config.allow_local_image_urls,
         )
 
 
@@ -103,53 +104,18 @@ def _data_uri(url: str, param: str) -> bytes:
         ) from e
 
 
-class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
-    """At most MAX_REDIRECTS, and only to http(s): urllib would also follow ftp://, a
-    scheme a request may not name directly."""
-
-    max_redirections = MAX_REDIRECTS
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
-        if scheme not in ("http", "https"):
-            raise urllib.error.URLError(f"a redirect to a {scheme}: URL")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-_OPENER = urllib.request.build_opener(_LimitedRedirects)
-
-
 def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
-    request = urllib.request.Request(url, headers={"User-Agent": "mlxserve"})
-    deadline = time.monotonic() + limits.fetch_timeout
+    rules = FetchRules(limits.fetch_timeout, limits.max_bytes, limits.allow_local_urls)
     try:
-        with _OPENER.open(request, timeout=limits.fetch_timeout) as response:
-            declared = response.headers.get("Content-Length")
-            if declared and declared.isdigit() and int(declared) > limits.max_bytes:
-                raise _too_large(int(declared), limits, param)
-            return _read_until(response, deadline, limits.max_bytes + 1, url, param)
-    except ServiceError:
-        raise
-    except urllib.error.HTTPError as e:
-        raise _unreachable(url, f"HTTP {e.code}", param) from e
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise _unreachable(url, str(reason), param) from e
-
-
-def _read_until(response, deadline: float, most: int, url: str, param: str) -> bytes:
-    """The body, up to `most` bytes, by `deadline`: the timeout is for the whole fetch,
-    so a server trickling bytes cannot hold the request (each read returns what has
-    arrived, and waits no longer than the timeout)."""
-    data = bytearray()
-    while len(data) < most:
-        if time.monotonic() > deadline:
-            raise _unreachable(url, "it took longer than --image-fetch-timeout", param)
-        block = response.read1(min(READ_BLOCK, most - len(data)))
-        if not block:
-            break
-        data += block
-    return bytes(data)
+        return fetch(url, rules)
+    except TooLarge as e:
+        raise _too_large(e.size, limits, param) from e
+    except FetchError as e:
+        if e.refused:
+            raise bad_request(
+                f"The image URL may not be fetched: {e}.", param=param, code="image_url_not_allowed"
+            ) from e
+        raise _unreachable(url, str(e), param) from e
 
 
 def _local_file(path: Path, param: str, limits: ImageLimits) -> bytes:
