@@ -159,7 +159,9 @@ def test_a_negative_chunk_size_is_a_400_not_a_hang(server):
     conn.send(b"-5\r\n{}\r\n")
     response = conn.getresponse()
     assert response.status == 400
-    assert json.loads(response.read())["error"]["message"] == "Malformed chunked request body."
+    assert json.loads(response.read())["error"]["message"] == (
+        "Malformed chunked request body: a chunk size is hex digits."
+    )
 
 
 def test_chunked_request_body(server, launch, tiny_model):

@@ -80,6 +80,38 @@ def test_a_chunked_body_that_never_ends_is_let_go(srv):
     assert status_of(reply) == 408
 
 
+def trickle(sock: socket.socket, data: bytes, seconds: float) -> None:
+    """Send a byte every `seconds` (well inside the read timeout) until the server hangs
+    up or `data` runs out."""
+    for byte in data:
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            return
+        time.sleep(seconds)
+
+
+def test_a_trickled_head_is_cut_off_at_its_deadline(srv):
+    """Each byte well inside --read-timeout, the whole head never: let go after the
+    deadline (it was held for good)."""
+    sock = connect(srv)
+    started = time.monotonic()
+    head = post_head(srv).replace("\n", "\r\n").encode() + b"\r\nX-Padding: " + b"a" * 100
+    trickle(sock, head, READ_TIMEOUT / 3)
+    assert time.monotonic() - started < READ_TIMEOUT + 5
+    sock.close()
+
+
+def test_a_trickled_body_is_cut_off_at_its_deadline(srv):
+    sock = connect(srv)
+    sock.sendall(post_head(srv).replace("\n", "\r\n").encode() + b"\r\n\r\n")
+    started = time.monotonic()
+    trickle(sock, REQUEST, READ_TIMEOUT / 3)
+    reply = read_all(sock)
+    assert time.monotonic() - started < READ_TIMEOUT + 5
+    assert status_of(reply) == 408 and json_of(reply)["error"]["code"] == "request_timeout"
+
+
 def test_an_idle_kept_alive_connection_is_closed(srv):
     sock = connect(srv)
     sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host(srv)}\r\n\r\n".encode())

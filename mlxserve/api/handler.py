@@ -14,6 +14,7 @@ from io import BufferedIOBase
 from typing import Protocol, cast
 from urllib.parse import unquote, urlsplit
 
+from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
 from mlxserve.api.routes import (
@@ -38,6 +39,15 @@ from mlxserve.telemetry.metrics import Metrics
 from mlxserve.telemetry.record import RequestRecord, recording, request_id
 
 log = logging.getLogger(__name__)
+# A body must arrive at this rate at least (its deadline grows with its size), and never
+# needs to arrive faster than within --read-timeout.
+MIN_BODY_BYTES_PER_SECOND = 64 * 1024
+
+
+def body_seconds(size: int, floor: float) -> float:
+    return max(floor, size / MIN_BODY_BYTES_PER_SECOND)
+
+
 access_log = logging.getLogger("mlxserve.access")
 # A reply's prompt-cache hit: "cached/prompt" tokens (a whole reply; a stream's usage)
 PROMPT_CACHE_HEADER = "X-Prompt-Cache-Hit"
@@ -96,15 +106,29 @@ class APIHandler(BaseHTTPRequestHandler):
         with self.app.answering():
             self._handle(self._delete)
 
-    def parse_request(self) -> bool:
-        self.record = None  # a malformed request line is answered without the last one's id
-        return super().parse_request()
-
     def setup(self) -> None:
         # A client silent this long (an unfinished body, an idle kept-alive connection) is
         # let go instead of holding a thread and a file descriptor forever.
         self.timeout = self.app.config.read_timeout  # type: ignore[misc]  # per connection, as socketserver reads it
         super().setup()
+        self.deadline = ReadDeadline(self.connection)
+
+    def handle_one_request(self) -> None:
+        """The next request's head (line and headers) must arrive within --read-timeout
+        of waiting for it, however its bytes trickle in."""
+        self.deadline.start(self.app.config.read_timeout)
+        try:
+            super().handle_one_request()
+        finally:
+            self.deadline.cancel()
+        if self.deadline.expired:
+            self.close_connection = True
+
+    def parse_request(self) -> bool:
+        self.record = None  # a malformed request line is answered without the last one's id
+        parsed = super().parse_request()
+        self.deadline.cancel()  # the head is in
+        return parsed
 
     def _handle(self, route) -> None:
         """Answer one request, then write its access-log line and count it."""
@@ -206,18 +230,28 @@ class APIHandler(BaseHTTPRequestHandler):
         framing = body_framing(self.headers)
         if framing.length > limit:
             raise self._too_large(limit)
+        silence = self.app.config.read_timeout
+        seconds = body_seconds(framing.length if not framing.chunked else limit, silence)
+        self.deadline.start(seconds)
+        timed_out = False
         try:
             if framing.chunked:
                 body = self._read_chunked(limit)
             else:
                 body = self.rfile.read(framing.length) if framing.length else b""
-        except TimeoutError:
+        except TimeoutError:  # silent longer than --read-timeout
+            body, timed_out = b"", True
+        finally:
+            self.deadline.cancel()
+        short = not framing.chunked and len(body) < framing.length
+        if timed_out or self.deadline.expired or short:
             self.close_connection = True
             raise ServiceError(
                 ErrorKind.TIMEOUT,
-                f"The request body did not arrive within {self.timeout:g} seconds.",
+                f"The request body did not arrive in time ({seconds:g} seconds for its "
+                f"size; a silence of {silence:g}).",
                 code="request_timeout",
-            ) from None
+            )
         self.body_read = True
         return body
 
