@@ -9,6 +9,7 @@ import base64
 import importlib
 import json
 import shutil
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -175,3 +176,31 @@ def test_a_pipeline_with_other_modules_is_refused(launch, tiny_model, embed_bert
     status, _, reply = srv.post(EMBEDDINGS, {"model": "with-dense", "input": "Hi"})
     assert status == 400 and reply["error"]["code"] == "model_load_failed"
     assert "Dense module" in reply["error"]["message"]
+
+
+def test_many_inputs_go_in_bounded_batches_and_a_gone_client_stops_them(embedder):
+    """A request's inputs are embedded a bounded batch per turn of the generation thread
+    (chat streams step in between): the vectors are those of each input alone, and a
+    client that hangs up stops the work at the next batch instead of holding the thread."""
+    import socket
+    from urllib.parse import urlsplit
+
+    srv, path, reference = embedder
+    texts = [" ".join(["paris"] * (1 + i % 20)) for i in range(100)]
+    reply = client(srv).embeddings.create(model="default", input=texts)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    for i in (0, 19, 99):
+        ids = tokenizer.encode(texts[i])[:LIMIT]
+        np.testing.assert_allclose(reply.data[i].embedding, reference(path, ids), atol=2e-4)
+
+    body = json.dumps({"model": "default", "input": [" ".join(["paris"] * 20)] * 2048})
+    parts = urlsplit(srv.url)
+    sock = socket.create_connection((parts.hostname, parts.port))
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json"
+    sock.sendall(f"{head}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+    sock.close()
+    deadline = time.monotonic() + 60
+    gone = "client closed the connection: POST /v1/embeddings"
+    while not any(gone in line for line in srv.log) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(gone in line for line in srv.log)

@@ -52,7 +52,6 @@ SHUTTING_DOWN = "The server is shutting down."
 GATHER_GAP_SECONDS = 0.004
 GATHER_MAX_SECONDS = 0.03
 IDLE_CHECK_SECONDS = 1.0  # how often an idle thread looks for models to unload
-EMBED_BATCH = 32  # inputs embedded in one forward pass
 
 Session = BatchSession | StreamSession
 
@@ -374,17 +373,10 @@ class GenerationWorker:
         return self._resident(spec)
 
     def embed(self, spec: ModelSpec, inputs: list[list[int]]) -> np.ndarray:
-        """The embeddings of `inputs`, float32 (generation thread only: through `call`;
-        it runs between two steps of the other models' batches)."""
-        model = self._resident(spec).model
-        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))  # less padding
-        vectors: list[np.ndarray] = [np.empty(0)] * len(inputs)  # each filled below
-        for start in range(0, len(order), EMBED_BATCH):
-            batch = order[start : start + EMBED_BATCH]
-            computed = np.array(model.embed([inputs[i] for i in batch]))
-            for row, i in enumerate(batch):
-                vectors[i] = computed[row]
-        return np.stack(vectors)
+        """The embeddings of one batch of `inputs` in one forward pass, float32 (generation
+        thread only: through `call`, between two steps of the batches; the service sends
+        a request's inputs in batches of bounded size, see service/embeddings.py)."""
+        return np.array(self._resident(spec).model.embed(inputs))
 
     def unload(self, spec: ModelSpec) -> None:
         """Unload a model now (generation thread only); a 409 while it has requests."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
+
+import numpy as np
 
 from mlxserve.chat.images import ImageLimits
 from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
@@ -26,7 +29,7 @@ from mlxserve.postprocess.output import (
     reasoning_markers,
 )
 from mlxserve.postprocess.reasoning import starts_in_reasoning
-from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, unavailable
+from mlxserve.protocol.errors import ClientGone, ContextLengthExceeded, bad_request, unavailable
 from mlxserve.protocol.request import (
     ChatRequest,
     CompletionRequest,
@@ -34,12 +37,14 @@ from mlxserve.protocol.request import (
     GenerationRequest,
 )
 from mlxserve.service.checkpoints import SystemEnds
-from mlxserve.service.embeddings import Embeddings, shortened, tokenized
+from mlxserve.service.embeddings import Embeddings, batches, shortened, tokenized
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
 from mlxserve.structured.requests import chat_grammar, completion_grammar
 from mlxserve.telemetry.record import current_request
+
+EMBED_BATCH = 32  # the most inputs embedded in one forward pass
 
 
 @dataclass(frozen=True)
@@ -276,7 +281,9 @@ class ChatService:
                 return candidate
         return request
 
-    def embed(self, request: EmbeddingRequest) -> tuple[ModelSpec, Embeddings]:
+    def embed(
+        self, request: EmbeddingRequest, client_gone: Callable[[], bool] = lambda: False
+    ) -> tuple[ModelSpec, Embeddings]:
         spec, tokenizer = self.model(request.model)
         if not spec.embedding:
             raise bad_request(
@@ -289,10 +296,25 @@ class ChatService:
             if isinstance(given, str):
                 self._check_text(spec, tokenizer, len(given), f"{request.inputs_param}[{i}]")
         inputs = tokenized(request, tokenizer, self.provider.context_length(spec))
-        vectors = self.worker.call(lambda: self.worker.embed(spec, inputs))
+        vectors = self._embed(spec, inputs, client_gone)
         if (record := current_request()) is not None:
             record.add_usage(sum(map(len, inputs)), 0, 0)
         return spec, Embeddings(shortened(vectors, request.dimensions), sum(map(len, inputs)))
+
+    def _embed(self, spec: ModelSpec, inputs: list[list[int]], client_gone) -> np.ndarray:
+        """The inputs' vectors, a bounded batch per call on the generation thread: the
+        running chat streams step between two batches, and a client that has gone stops
+        the work at the next one."""
+        vectors: list[np.ndarray] = [np.empty(0)] * len(inputs)  # each filled below
+        for batch in batches(inputs, self.config.prefill_chunk, EMBED_BATCH):
+            if client_gone():
+                raise ClientGone
+            computed = self.worker.call(
+                partial(self.worker.embed, spec, [inputs[i] for i in batch])
+            )
+            for row, i in enumerate(batch):
+                vectors[i] = computed[row]
+        return np.stack(vectors)
 
     def generator(self, requested: str | None):
         """The spec and tokenizer of a model that generates (a 400 for an embedding

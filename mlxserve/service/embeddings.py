@@ -44,6 +44,23 @@ def tokenized(request: EmbeddingRequest, tokenizer, limit: int | None) -> list[l
     return out
 
 
+def batches(inputs: list[list[int]], tokens: int, most: int) -> list[list[int]]:
+    """The inputs' indices in batches for one forward pass each: shortest first (less
+    padding), each of at most `most` inputs and `tokens` tokens padded (an input longer
+    than that goes alone), so that no pass holds the generation thread much longer than a
+    chat prefill chunk."""
+    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+    out: list[list[int]] = []
+    for i in order:
+        batch = out[-1] if out else None
+        longest = len(inputs[i])  # the longest so far: inputs come shortest first
+        if batch is None or len(batch) >= most or (len(batch) + 1) * longest > tokens:
+            out.append([i])
+        else:
+            batch.append(i)
+    return out
+
+
 def shortened(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
     """The first `dimensions` of each vector, renormalised (Matryoshka models are trained
     for this); a `dimensions` beyond the model's is a 400."""

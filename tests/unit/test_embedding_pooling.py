@@ -55,3 +55,16 @@ def test_pooling_configs(tmp_path):
     dense = folder(tmp_path / "d", {"pooling_mode_mean_tokens": True}, ("Dense", "Normalize"))
     with pytest.raises(ValueError, match="Dense module"):
         pooling_of(dense)
+
+
+def test_embedding_batches_are_bounded_and_cover_every_input():
+    from mlxserve.service.embeddings import batches
+
+    inputs = [[1] * n for n in (5, 300, 1, 40, 40, 40, 2, 600)]
+    found = batches(inputs, tokens=100, most=3)
+    assert sorted(i for batch in found for i in batch) == list(range(len(inputs)))
+    for batch in found:
+        longest = max(len(inputs[i]) for i in batch)
+        assert len(batch) <= 3 and (len(batch) == 1 or len(batch) * longest <= 100)
+    assert found[0] == [2, 6, 0]  # shortest first
+    assert [1] in found and [7] in found  # longer than the budget: alone
