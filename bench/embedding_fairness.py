@@ -1,8 +1,9 @@
 """How long a chat stream stalls while the same server embeds: the longest gap between
-two tokens of a streamed reply (the 50M bench model) alone, while another chat request's
-2,000-token prompt is processed (the prefill-chunk stall a chat user already sees), and
-while an embedding request of 64 inputs of 950 tokens runs on an embedding model beside
-it (the 50M network with last-token pooling). Median of 3 rounds.
+two tokens of a streamed reply (the 50M bench model), and its tokens per second, alone,
+while another chat request's 2,000-token prompt is processed (the prefill-chunk stall a
+chat user already sees), and while an embedding request of 64 inputs of 950 tokens runs on
+an embedding model beside it (the 50M network with last-token pooling; the request is
+dropped, by closing its connection, when the stream ends). Median of 3 rounds.
 
     .venv/bin/python bench/embedding_fairness.py [--source DIR]
 
@@ -13,6 +14,8 @@ before a change), with this virtualenv.
 from __future__ import annotations
 
 import argparse
+import http.client
+import itertools
 import json
 import os
 import statistics
@@ -40,7 +43,12 @@ def embedding_folder(chat: Path) -> Path:
                 (out / item.name).symlink_to(item)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling",
+            },
         ]
         (out / "1_Pooling").mkdir(exist_ok=True)
         pooling = {"pooling_mode_lasttoken": True, "word_embedding_dimension": 512}
@@ -72,25 +80,32 @@ def post(url: str, path: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def longest_gap(url: str, chat: str, during) -> float:
-    """The longest pause between two streamed tokens while `during` runs beside it."""
+def stream_gaps(url: str, chat: str, during) -> tuple[float, float]:
+    """(the longest pause between two streamed tokens, tokens per second) while `during`
+    runs beside it; `during` gets an event set when the stream ends."""
     body = {"model": chat, "messages": [{"role": "user", "content": "Tell me a story."}]}
-    body |= {"max_tokens": 300, "stream": True, "temperature": 0}
+    body |= {"max_tokens": 120, "stream": True, "temperature": 0}
     request = urllib.request.Request(
-        url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        url + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
     )
     arrivals: list[float] = []
+    ended = threading.Event()
     side = None
     with urllib.request.urlopen(request, timeout=600) as response:
         for line in response:
             if line.startswith(b"data: {"):
                 arrivals.append(time.perf_counter())
-                if len(arrivals) == 20 and during is not None:
-                    side = threading.Thread(target=during)
+                if len(arrivals) == 10 and during is not None:
+                    side = threading.Thread(target=during, args=(ended,))
                     side.start()
+    ended.set()
     if side is not None:
         side.join()
-    return max(b - a for a, b in zip(arrivals[20:], arrivals[21:], strict=False))
+    measured = arrivals[10:]
+    gap = max(b - a for a, b in itertools.pairwise(measured))
+    return gap, (len(measured) - 1) / (measured[-1] - measured[0])
 
 
 def main() -> None:
@@ -104,22 +119,35 @@ def main() -> None:
         long_prompt = WORDS * 160  # about 2,000 tokens
         inputs = [WORDS * 75] * 64  # 64 inputs of about 950 tokens
 
-        def prefill() -> None:
+        def prefill(ended: threading.Event) -> None:
             message = {"role": "user", "content": long_prompt + str(time.time())}
-            post(url, "/v1/chat/completions", {"model": str(chat), "messages": [message], "max_tokens": 1})
+            body = {"model": str(chat), "messages": [message], "max_tokens": 1}
+            post(url, "/v1/chat/completions", body)
 
-        def embedding() -> None:
-            post(url, "/v1/embeddings", {"model": str(embed), "input": inputs})
+        def embedding(ended: threading.Event) -> None:
+            host = url.removeprefix("http://")
+            connection = http.client.HTTPConnection(host, timeout=600)
+            body = json.dumps({"model": str(embed), "input": inputs})
+            connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+            ended.wait()
+            connection.close()  # the server stops the request at its next batch
 
         post(url, "/v1/embeddings", {"model": str(embed), "input": inputs[:2]})  # warm-up
         results = {}
-        for name, during in (("alone", None), ("2,000-token prefill", prefill), ("64 x 950 embeddings", embedding)):
-            results[name] = statistics.median(longest_gap(url, str(chat), during) for _ in range(ROUNDS))
-        print(f"longest gap between two streamed tokens ({chat.name}, median of {ROUNDS}):")
-        for name, gap in results.items():
-            print(f"  {name:22s} {gap * 1000:8.0f} ms")
-        ratio = results["64 x 950 embeddings"] / results["2,000-token prefill"]
-        print(f"  embeddings / prefill stall: {ratio:.2f}x")
+        cases = (
+            ("alone", None),
+            ("2,000-token prefill", prefill),
+            ("64 x 950 embeddings", embedding),
+        )
+        for name, during in cases:
+            rounds = [stream_gaps(url, str(chat), during) for _ in range(ROUNDS)]
+            results[name] = tuple(statistics.median(r[k] for r in rounds) for k in (0, 1))
+            time.sleep(2)  # a dropped request's last batch ends
+        print(f"a stream of {chat.name} (median of {ROUNDS}): longest gap, tokens per second")
+        for name, (gap, speed) in results.items():
+            print(f"  {name:22s} {gap * 1000:8.0f} ms  {speed:6.1f} tok/s")
+        ratio = results["64 x 950 embeddings"][0] / results["2,000-token prefill"][0]
+        print(f"  longest gap, embeddings / prefill stall: {ratio:.2f}x")
     finally:
         process.terminate()
         process.wait(timeout=30)
