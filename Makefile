@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed clean
+.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed bench-embedding-fairness clean
 
 install: $(VENV)/.installed
 
@@ -64,6 +64,9 @@ bench-speculation: install
 
 bench-distributed: install
 	$(WITH_BLAS) $(PY) bench/distributed.py $(ARGS)
+
+bench-embedding-fairness: install
+	$(WITH_BLAS) $(PY) bench/embedding_fairness.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -5,7 +5,7 @@ chat user already sees), and while an embedding request of 64 inputs of 950 toke
 an embedding model beside it (the 50M network with last-token pooling; the request is
 dropped, by closing its connection, when the stream ends). Median of 3 rounds.
 
-    .venv/bin/python bench/embedding_fairness.py [--source DIR]
+    make bench-embedding-fairness [ARGS="--source DIR"]
 
 --source runs the server from another checkout of mlxserve (to compare with a version
 before a change), with this virtualenv.

@@ -204,3 +204,16 @@ def test_many_inputs_go_in_bounded_batches_and_a_gone_client_stops_them(embedder
     while not any(gone in line for line in srv.log) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert any(gone in line for line in srv.log)
+
+
+def test_long_inputs_in_parts_equal_the_reference(embedder, launch):
+    """With prefill chunks of 16 tokens, a decoder embeds a longer input a part at a time
+    (its KV cache kept between them; an encoder takes it whole): the vector is the same."""
+    _, path, reference = embedder
+    srv = launch(path, "--prefill-chunk", "16")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    texts = [" ".join(["paris"] * 20), "paris", " ".join(["lemon tree"] * 9)]
+    reply = client(srv).embeddings.create(model="default", input=texts)
+    for item, text in zip(reply.data, texts, strict=True):
+        ids = tokenizer.encode(text)
+        np.testing.assert_allclose(item.embedding, reference(path, ids), atol=2e-4)

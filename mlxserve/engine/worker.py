@@ -33,6 +33,7 @@ from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.speculative import SpeculationCounts
 from mlxserve.engine.stream_session import StreamSession
+from mlxserve.models.embedding import PartialEmbedding
 from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec, stored_bytes
 from mlxserve.protocol.errors import (
     ErrorKind,
@@ -394,6 +395,18 @@ class GenerationWorker:
         thread only: through `call`, between two steps of the batches; the service sends
         a request's inputs in batches of bounded size, see service/embeddings.py)."""
         return np.array(self._resident(spec).model.embed(inputs))
+
+    def embeds_in_parts(self, spec: ModelSpec) -> bool:
+        """Whether the embedding model takes one input a part at a time (through `call`)."""
+        return bool(self._resident(spec).model.in_parts)
+
+    def embed_part(
+        self, spec: ModelSpec, part: PartialEmbedding | None, ids: list[int], last: bool
+    ) -> PartialEmbedding | np.ndarray:
+        """The next part of one long input (through `call`); its vector after the last."""
+        model = self._resident(spec).model
+        part = model.embed_part(part, ids)
+        return np.array(model.finish(part)) if last else part
 
     def unload(self, spec: ModelSpec) -> None:
         """Unload a model now (generation thread only); a 409 while it has requests."""

@@ -61,6 +61,15 @@ def pooling_of(path: Path) -> Pooling:
     return Pooling(modes[0], normalize)
 
 
+@dataclass
+class PartialEmbedding:
+    """One input part-way through a decoder: its KV cache and its pooling so far."""
+
+    cache: list[Any]
+    pooled: mx.array | None = None
+    tokens: int = 0
+
+
 class EmbeddingModel:
     """A loaded embedding model: token ids in, one vector per input out."""
 
@@ -75,6 +84,43 @@ class EmbeddingModel:
     def parameters(self) -> dict:
         return self.network.parameters()
 
+    @property
+    def in_parts(self) -> bool:
+        """Whether one input can be embedded a part at a time (a causal decoder, with a KV
+        cache between the parts), so that no forward pass is longer than a prefill chunk."""
+        return not self.encoder
+
+    def embed_part(self, part: PartialEmbedding | None, ids: list[int]) -> PartialEmbedding:
+        """Run the next part of one input through the decoder, keeping what its pooling
+        needs (the first, the last or the sum of the hidden states)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        if part is None:
+            part = PartialEmbedding(make_prompt_cache(self.network.model))
+        hidden = self.network.model(mx.array([ids]), cache=part.cache)[0].astype(mx.float32)
+        mode = self.pooling.mode
+        if mode == "cls":
+            part.pooled = hidden[0] if part.pooled is None else part.pooled
+        elif mode == "lasttoken":
+            part.pooled = hidden[-1]
+        else:
+            total = hidden.sum(axis=0)
+            part.pooled = total if part.pooled is None else part.pooled + total
+        part.tokens += len(ids)
+        mx.eval(part.pooled, [c.state for c in part.cache])
+        return part
+
+    def finish(self, part: PartialEmbedding) -> mx.array:
+        """The vector of an input embedded in parts: (1, d), as `embed` gives it."""
+        assert part.pooled is not None  # a part was embedded
+        pooled = part.pooled / part.tokens if self.pooling.mode == "mean" else part.pooled
+        return self._normalized(pooled[None])
+
+    def _normalized(self, pooled: mx.array) -> mx.array:
+        if self.pooling.normalize:
+            pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+        return pooled
+
     def embed(self, inputs: list[list[int]]) -> mx.array:
         """The vectors of `inputs` (one batch, right-padded): float32, (len(inputs), d)."""
         lengths = mx.array([len(ids) for ids in inputs])
@@ -85,10 +131,7 @@ class EmbeddingModel:
             hidden = self.network(ids, attention_mask=mask.astype(mx.int32)).last_hidden_state
         else:
             hidden = self.network.model(ids)
-        pooled = _pool(hidden.astype(mx.float32), mask, lengths, self.pooling.mode)
-        if self.pooling.normalize:
-            pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
-        return pooled
+        return self._normalized(_pool(hidden.astype(mx.float32), mask, lengths, self.pooling.mode))
 
 
 def _pool(hidden: mx.array, mask: mx.array, lengths: mx.array, mode: PoolingMode) -> mx.array:

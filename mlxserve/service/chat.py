@@ -302,18 +302,32 @@ class ChatService:
         return spec, Embeddings(shortened(vectors, request.dimensions), sum(map(len, inputs)))
 
     def _embed(self, spec: ModelSpec, inputs: list[list[int]], client_gone) -> np.ndarray:
-        """The inputs' vectors, a bounded batch per call on the generation thread: the
-        running chat streams step between two batches, and a client that has gone stops
-        the work at the next one."""
+        """The inputs' vectors, a bounded piece of work per call on the generation thread
+        (a batch of short inputs, or a part of a long one where the model allows it): the
+        running chat streams step between two calls, and a client that has gone stops the
+        work at the next one."""
+        chunk = self.config.prefill_chunk
+        worker = self.worker
+        in_parts = worker.call(partial(worker.embeds_in_parts, spec))
+        long = [i for i, ids in enumerate(inputs) if in_parts and len(ids) > chunk]
+        short = [i for i in range(len(inputs)) if i not in set(long)]
         vectors: list[np.ndarray] = [np.empty(0)] * len(inputs)  # each filled below
-        for batch in batches(inputs, self.config.prefill_chunk, EMBED_BATCH):
+
+        def checked(fn):
             if client_gone():
                 raise ClientGone
-            computed = self.worker.call(
-                partial(self.worker.embed, spec, [inputs[i] for i in batch])
-            )
-            for row, i in enumerate(batch):
-                vectors[i] = computed[row]
+            return worker.call(fn)
+
+        for batch in batches([inputs[i] for i in short], chunk, EMBED_BATCH):
+            computed = checked(partial(worker.embed, spec, [inputs[short[j]] for j in batch]))
+            for row, j in enumerate(batch):
+                vectors[short[j]] = computed[row]
+        for i in long:
+            part = None
+            for start in range(0, len(inputs[i]), chunk):
+                ids, last = inputs[i][start : start + chunk], start + chunk >= len(inputs[i])
+                part = checked(partial(worker.embed_part, spec, part, ids, last))
+            vectors[i] = np.asarray(part)[0]  # after the last part: the vector
         return np.stack(vectors)
 
     def generator(self, requested: str | None):
