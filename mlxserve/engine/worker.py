@@ -81,8 +81,6 @@ class GenerationWorker:
         self._in_flight_lock = threading.Lock()
         self._intake: queue.Queue = queue.Queue()
         self._pending: deque[list[GenerationJob]] = deque()
-        self._calls: deque[Callable[[], Any]] = deque()  # submitted calls not yet run
-        self._calls_after = 0.0  # while sequences decode, no call before this (monotonic)
         self._sessions: dict[ModelSpec, Session] = {}
         self._starting: list[GenerationJob] = []
         self._serving = threading.Event()
@@ -270,8 +268,7 @@ class GenerationWorker:
         if self._lockstep is not None and self._lockstep.follows:
             return self._lockstep.receive() if self._following else self._local_call()
         decoding = any(len(s) > 0 for s in self._sessions.values())
-        arrived = self._take(block=not decoding and not self._pending and not self._calls)
-        self._run_calls(decoding)
+        arrived = self._take(block=not decoding and not self._pending)
         step = LoopStep(
             time.perf_counter(),
             arrived or [],
@@ -296,7 +293,8 @@ class GenerationWorker:
         return LoopStep(self._now, trace=self.trace())
 
     def _take(self, block: bool) -> list[list[GenerationJob]] | None:
-        """Submitted requests, in order (calls are kept for `_run_calls`); None on stop.
+        """Submitted requests, in order (calls run at once; while sequences decode, one
+        call a step, so that the sequences step between a request's calls); None on stop.
         Woken from
         idle, it keeps taking while requests keep arriving (a burst of clients is still
         rendering its prompts), so that the burst starts as one batch. Idle, it wakes up
@@ -312,7 +310,9 @@ class GenerationWorker:
             if item is None:
                 return None
             if callable(item):
-                self._calls.append(item)
+                item()
+                if not block:  # one call a step while sequences decode (embedding batches)
+                    return arrived
             else:
                 arrived.append(item)
             wait = min(GATHER_GAP_SECONDS, gather_until - time.monotonic())
@@ -320,19 +320,6 @@ class GenerationWorker:
                 item = self._intake.get(timeout=wait) if wait > 0 else self._intake.get_nowait()
             except queue.Empty:
                 return arrived
-
-    def _run_calls(self, decoding: bool) -> None:
-        """The calls waiting: all of them when nothing decodes; else one, and only once
-        the sequences have had as long as the last call took, so that a stream of calls
-        (an embedding request's batches) takes at most half of the thread from them."""
-        while self._calls:
-            started = time.monotonic()
-            if decoding and started < self._calls_after:
-                return
-            self._calls.popleft()()
-            if decoding:
-                self._calls_after = 2 * time.monotonic() - started
-                return
 
     def _requested_cancellations(self, arrived: list[list[GenerationJob]]) -> list[GenerationJob]:
         """Where ranks follow this loop, the jobs whose cancellation clients asked for since
