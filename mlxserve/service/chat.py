@@ -3,6 +3,7 @@ settings, the grammar, and each choice's output pipeline, the same for every dia
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -303,9 +304,10 @@ class ChatService:
 
     def _embed(self, spec: ModelSpec, inputs: list[list[int]], client_gone) -> np.ndarray:
         """The inputs' vectors, a bounded piece of work per call on the generation thread
-        (a batch of short inputs, or a part of a long one where the model allows it): the
-        running chat streams step between two calls, and a client that has gone stops the
-        work at the next one."""
+        (a batch of short inputs, or a part of a long one where the model allows it): while
+        chat streams decode, the next piece waits as long as the last one took, so that
+        an embedding request takes at most half of the thread from them; a client that has
+        gone stops the work at the next piece."""
         chunk = self.config.prefill_chunk
         worker = self.worker
         in_parts = worker.call(partial(worker.embeds_in_parts, spec))
@@ -316,7 +318,11 @@ class ChatService:
         def checked(fn):
             if client_gone():
                 raise ClientGone
-            return worker.call(fn)
+            started = time.monotonic()
+            result = worker.call(fn)
+            if worker.running:  # chat streams decode: they get as long as this piece took
+                time.sleep(time.monotonic() - started)
+            return result
 
         for batch in batches([inputs[i] for i in short], chunk, EMBED_BATCH):
             computed = checked(partial(worker.embed, spec, [inputs[short[j]] for j in batch]))
