@@ -293,9 +293,8 @@ class GenerationWorker:
         return LoopStep(self._now, trace=self.trace())
 
     def _take(self, block: bool) -> list[list[GenerationJob]] | None:
-        """Submitted requests, in order (calls run at once; while sequences decode, one
-        call a step, so that the sequences step between a request's calls); None on stop.
-        Woken from
+        """Submitted requests, in order; None on stop. Calls run at once, and while
+        sequences decode, one call a step (they step between a request's calls). Woken from
         idle, it keeps taking while requests keep arriving (a burst of clients is still
         rendering its prompts), so that the burst starts as one batch. Idle, it wakes up
         now and then to unload idle models."""
@@ -389,11 +388,14 @@ class GenerationWorker:
 
     def embed_part(
         self, spec: ModelSpec, part: PartialEmbedding | None, ids: list[int], last: bool
-    ) -> PartialEmbedding | np.ndarray:
-        """The next part of one long input (through `call`); its vector after the last."""
+    ) -> PartialEmbedding:
+        """The next part of one long input (through `call`); after the last, the part
+        holds the input's vector."""
         model = self._resident(spec).model
         part = model.embed_part(part, ids)
-        return np.array(model.finish(part)) if last else part
+        if last:
+            part.vector = np.array(model.finish(part))[0]
+        return part
 
     def unload(self, spec: ModelSpec) -> None:
         """Unload a model now (generation thread only); a 409 while it has requests."""

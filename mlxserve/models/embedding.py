@@ -68,6 +68,7 @@ class PartialEmbedding:
     cache: list[Any]
     pooled: mx.array | None = None
     tokens: int = 0
+    vector: Any = None  # the input's vector (numpy, float32), once its last part is in
 
 
 class EmbeddingModel:

@@ -3,13 +3,9 @@ settings, the grammar, and each choice's output pipeline, the same for every dia
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
-
-import numpy as np
 
 from mlxserve.chat.images import ImageLimits
 from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
@@ -30,7 +26,7 @@ from mlxserve.postprocess.output import (
     reasoning_markers,
 )
 from mlxserve.postprocess.reasoning import starts_in_reasoning
-from mlxserve.protocol.errors import ClientGone, ContextLengthExceeded, bad_request, unavailable
+from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, unavailable
 from mlxserve.protocol.request import (
     ChatRequest,
     CompletionRequest,
@@ -38,14 +34,12 @@ from mlxserve.protocol.request import (
     GenerationRequest,
 )
 from mlxserve.service.checkpoints import SystemEnds
-from mlxserve.service.embeddings import Embeddings, batches, shortened, tokenized
+from mlxserve.service.embeddings import Embeddings, embed, shortened, tokenized
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
 from mlxserve.structured.requests import chat_grammar, completion_grammar
 from mlxserve.telemetry.record import current_request
-
-EMBED_BATCH = 32  # the most inputs embedded in one forward pass
 
 
 @dataclass(frozen=True)
@@ -166,8 +160,8 @@ class ChatService:
         if spec.embedding:
             return {"tools": False, "reasoning": False}
         served = spec in self.provider.served.values()
-        tokenizer = self.provider.tokenizer(spec) if served else None
-        tokenizer = tokenizer or self.provider.loaded_tokenizer(spec)
+        provider = self.provider
+        tokenizer = provider.tokenizer(spec) if served else provider.loaded_tokenizer(spec)
         if tokenizer is None:
             return {"tools": True, "reasoning": None}
         markup = chat_markup(
@@ -297,44 +291,10 @@ class ChatService:
             if isinstance(given, str):
                 self._check_text(spec, tokenizer, len(given), f"{request.inputs_param}[{i}]")
         inputs = tokenized(request, tokenizer, self.provider.context_length(spec))
-        vectors = self._embed(spec, inputs, client_gone)
+        vectors = embed(self.worker, spec, inputs, self.config.prefill_chunk, client_gone)
         if (record := current_request()) is not None:
             record.add_usage(sum(map(len, inputs)), 0, 0)
         return spec, Embeddings(shortened(vectors, request.dimensions), sum(map(len, inputs)))
-
-    def _embed(self, spec: ModelSpec, inputs: list[list[int]], client_gone) -> np.ndarray:
-        """The inputs' vectors, a bounded piece of work per call on the generation thread
-        (a batch of short inputs, or a part of a long one where the model allows it): while
-        chat streams decode, the next piece waits as long as the last one took, so that
-        an embedding request takes at most half of the thread from them; a client that has
-        gone stops the work at the next piece."""
-        chunk = self.config.prefill_chunk
-        worker = self.worker
-        in_parts = worker.call(partial(worker.embeds_in_parts, spec))
-        long = [i for i, ids in enumerate(inputs) if in_parts and len(ids) > chunk]
-        short = [i for i in range(len(inputs)) if i not in set(long)]
-        vectors: list[np.ndarray] = [np.empty(0)] * len(inputs)  # each filled below
-
-        def checked(fn):
-            if client_gone():
-                raise ClientGone
-            started = time.monotonic()
-            result = worker.call(fn)
-            if worker.running:  # chat streams decode: they get as long as this piece took
-                time.sleep(time.monotonic() - started)
-            return result
-
-        for batch in batches([inputs[i] for i in short], chunk, EMBED_BATCH):
-            computed = checked(partial(worker.embed, spec, [inputs[short[j]] for j in batch]))
-            for row, j in enumerate(batch):
-                vectors[short[j]] = computed[row]
-        for i in long:
-            part = None
-            for start in range(0, len(inputs[i]), chunk):
-                ids, last = inputs[i][start : start + chunk], start + chunk >= len(inputs[i])
-                part = checked(partial(worker.embed_part, spec, part, ids, last))
-            vectors[i] = np.asarray(part)[0]  # after the last part: the vector
-        return np.stack(vectors)
 
     def generator(self, requested: str | None):
         """The spec and tokenizer of a model that generates (a 400 for an embedding

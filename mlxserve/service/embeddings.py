@@ -1,15 +1,22 @@
 """Neutral embedding requests -> vectors: inputs tokenized and checked against the model's
-limit, embedded on the generation thread, cut to `dimensions`."""
+limit, embedded on the generation thread in bounded pieces, cut to `dimensions`."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from mlxserve.chat.templates import check_token_ids
-from mlxserve.protocol.errors import bad_request
+from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.provider import ModelSpec
+from mlxserve.protocol.errors import ClientGone, bad_request
 from mlxserve.protocol.request import EmbeddingRequest
+
+EMBED_BATCH = 32  # the most inputs embedded in one forward pass
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,46 @@ def tokenized(request: EmbeddingRequest, tokenizer, limit: int | None) -> list[l
             )
         out.append(ids)
     return out
+
+
+def embed(
+    worker: GenerationWorker,
+    spec: ModelSpec,
+    inputs: list[list[int]],
+    chunk: int,
+    client_gone: Callable[[], bool],
+) -> np.ndarray:
+    """The inputs' vectors, a bounded piece of work per call on the generation thread: a
+    batch of short inputs (see `batches`), or a `chunk` of a long one where the model
+    takes an input in parts. While chat streams decode, the next piece waits as long as
+    the last one took, so that an embedding request takes at most half of the thread from
+    them; a client that has gone stops the work at the next piece."""
+
+    def piece(fn):
+        if client_gone():
+            raise ClientGone
+        started = time.monotonic()
+        result = worker.call(fn)
+        if worker.running:  # chat streams decode: they get as long as this piece took
+            time.sleep(time.monotonic() - started)
+        return result
+
+    in_parts = worker.call(partial(worker.embeds_in_parts, spec))
+    long = {i for i, ids in enumerate(inputs) if in_parts and len(ids) > chunk}
+    short = [i for i in range(len(inputs)) if i not in long]
+    vectors: list[np.ndarray] = [np.empty(0)] * len(inputs)  # each filled below
+    for batch in batches([inputs[i] for i in short], chunk, EMBED_BATCH):
+        computed = piece(partial(worker.embed, spec, [inputs[short[j]] for j in batch]))
+        for row, j in enumerate(batch):
+            vectors[short[j]] = computed[row]
+    for i in sorted(long):
+        part = None
+        for start in range(0, len(inputs[i]), chunk):
+            last = start + chunk >= len(inputs[i])
+            part = piece(partial(worker.embed_part, spec, part, inputs[i][start:][:chunk], last))
+        assert part is not None  # a long input has parts
+        vectors[i] = part.vector
+    return np.stack(vectors)
 
 
 def batches(inputs: list[list[int]], tokens: int, most: int) -> list[list[int]]:
