@@ -181,8 +181,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     p.add_argument("--url", default=DEFAULT_URL, help=f"a running server (default {DEFAULT_URL})")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""))
     options, server_args = p.parse_known_args(argv)
-    if options.api_key and "--api-key" not in server_args:
-        server_args += ["--api-key", options.api_key]
     return options, server_args, agent_args
 
 
@@ -197,8 +195,9 @@ def main(argv: list[str]) -> int:
     if served is None:
         log_path = cache_root() / "launch" / f"{options.agent}-server.log"
         print(f"Starting mlxserve (log: {log_path})...", file=sys.stderr)
-        for flag, value in agent.server_flags:
-            if flag not in server_args:
+        defaults = (*agent.server_flags, ("--api-key", options.api_key))
+        for flag, value in defaults:
+            if value and flag not in server_args:
                 server_args += [flag, value]
         server, url = start_server(server_args, log_path)
         served = served_model(url, options.api_key, timeout=START_SECONDS)
