@@ -99,6 +99,7 @@ class Constraint:
     kind: ConstraintKind
     value: dict | str | list[str]
     param: str
+    strict: bool = False  # a strict JSON schema: its objects are closed unless it opens them
 
 
 @dataclass(frozen=True)

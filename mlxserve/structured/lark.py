@@ -11,6 +11,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from mlxserve.structured import strict
+
 ANY_TEXT = "/(?s:.*)/"
 # Options a choice may have: 10,000 compile in about 0.3 s (2-core x86 CPU); near 65,000 the
 # engine's symbol table overflows (a panic, after 12 s of work on the request's thread).
@@ -99,8 +101,12 @@ class Harmony:
 def parameters(tool: dict) -> dict:
     """The JSON schema of a forced call's arguments: the parameters the tool declares and
     no others, unless its schema says otherwise (a tool function would refuse an argument
-    the model made up); a tool without a schema takes any object."""
-    schema = tool["function"].get("parameters") or {"type": "object"}
+    the model made up); a tool without a schema takes any object. A strict tool's schema
+    is closed all the way down."""
+    function = tool["function"]
+    schema = function.get("parameters") or {"type": "object"}
+    if function.get("strict"):
+        return strict.closed(schema)
     return {"additionalProperties": False, **schema} if "properties" in schema else schema
 
 

@@ -13,7 +13,7 @@ from mlxserve.postprocess.output import ChatMarkup
 from mlxserve.postprocess.reasoning import reasoning_skipped, starts_in_reasoning
 from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import ChatRequest, Constraint, GenerationRequest
-from mlxserve.structured import lark, tool_calls
+from mlxserve.structured import lark, strict, tool_calls
 from mlxserve.structured.matcher import Grammar, GrammarError, is_special, markup_lark
 
 
@@ -50,7 +50,8 @@ def _content_body(constraint: Constraint) -> str:
     """Lark of the constrained content."""
     value = constraint.value
     if constraint.kind == "json_schema":
-        return lark.json_schema(cast(dict, value))
+        schema = cast(dict, value)
+        return lark.json_schema(strict.closed(schema) if constraint.strict else schema)
     if constraint.kind == "regex":
         return lark.regex(cast(str, value))
     return lark.choice(cast(list[str], value))

@@ -93,6 +93,7 @@ class Tool(Strict):
     name: str
     description: str | None = None
     input_schema: dict | None = None
+    strict: bool | None = None
 
     @property
     def custom(self) -> bool:
@@ -116,8 +117,16 @@ class Thinking(Strict):
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+class OutputFormat(Strict):
+    """JSON outputs: the reply's text is JSON to this schema (always strict)."""
+
+    type: Literal["json_schema"]
+    schema_: dict = Field(alias="schema")
+
+
 class OutputConfig(Strict):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
 
 
 class CountTokensRequest(Strict):
@@ -166,19 +175,26 @@ def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
         }
     thinking = wire.thinking
     budget = thinking.budget_tokens if thinking and thinking.type == "enabled" else None
-    effort = wire.output_config.effort if wire.output_config else None
+    output = wire.output_config or OutputConfig()
     return neutral.ChatRequest(
         model=wire.model,
         messages=_system(wire.system) + _messages(wire.messages),
         tools=_tools(wire.tools or []),
         tool_choice=_tool_choice(choice, wire.tools or []),
         parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
-        reasoning_effort=EFFORTS.get(effort) if effort else None,
+        reasoning_effort=EFFORTS.get(output.effort) if output.effort else None,
+        constraint=_constraint(output.format),
         template_kwargs=_thinking_switch(thinking),
         reasoning_budget=budget,
         continue_final=_prefilled(wire.messages[-1]),
         **fields,
     )
+
+
+def _constraint(form: OutputFormat | None) -> neutral.Constraint | None:
+    if form is None:
+        return None
+    return neutral.Constraint("json_schema", form.schema_, "output_config.format.schema", True)
 
 
 def _prefilled(last: Message) -> bool:
@@ -291,7 +307,7 @@ def _part(block: TextBlock | ImageBlock, param: str) -> neutral.Part:
 def _tools(tools: list[Tool]) -> tuple[neutral.Tool, ...]:
     leave_out_hosted_tools([str(tool.type) for tool in tools if not tool.custom])
     return tuple(
-        neutral.Tool(tool.name, tool.description, tool.input_schema)
+        neutral.Tool(tool.name, tool.description, tool.input_schema, tool.strict)
         for tool in tools
         if tool.custom
     )

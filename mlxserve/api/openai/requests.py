@@ -385,10 +385,10 @@ def _constraint(wire: GenerationRequest) -> neutral.Constraint | None:
                 "response_format of type 'json_schema' needs a 'json_schema' object.",
                 param="response_format.json_schema",
             )
-        schema = response_format.json_schema.schema_ or {"type": "object"}
-        found.append(
-            neutral.Constraint("json_schema", schema, "response_format.json_schema.schema")
-        )
+        form = response_format.json_schema
+        param = "response_format.json_schema.schema"
+        schema = form.schema_ or {"type": "object"}
+        found.append(neutral.Constraint("json_schema", schema, param, strict=bool(form.strict)))
     for prefix, source in (("", wire), ("extra_body.", wire.extra_body)):
         if source is None:
             continue

@@ -275,4 +275,6 @@ def _constraint(text: TextConfig | None) -> neutral.Constraint | None:
         raise bad_request("A json_schema format needs a 'name'.", "text.format.name")
     if form.schema_ is None:
         raise bad_request("A json_schema format needs a 'schema'.", "text.format.schema")
-    return neutral.Constraint("json_schema", form.schema_, "text.format.schema")
+    return neutral.Constraint(
+        "json_schema", form.schema_, "text.format.schema", strict=bool(form.strict)
+    )
