@@ -21,6 +21,7 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from mlxserve.compat import hf_tokenizer
 from mlxserve.engine.values import as_int
+from mlxserve.structured.numbers import NumberBounds, NumberTable
 from mlxserve.structured.token_table import VocabularyTable
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,12 @@ def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
         log.info("Building the grammar token table from the vocabulary (%s)", e)
         table = VocabularyTable.of(tokenizer)
         return llguidance.LLTokenizer(llguidance.TokenizerWrapper(table), eos_token=ends)
+
+
+@functools.lru_cache(maxsize=8)  # per tokenizer: building it walks the whole vocabulary
+def number_table(tokenizer) -> NumberTable:
+    ll = ll_tokenizer(tokenizer)
+    return NumberTable.of([ll.decode_bytes([token]) for token in range(ll.vocab_size)])
 
 
 def markup_lark(tokenizer, text: str) -> str:
@@ -72,7 +79,7 @@ class GrammarError(ValueError):
 class Grammar:
     """A grammar compiled for one tokenizer; each generated sequence follows its own copy."""
 
-    def __init__(self, tokenizer, lark: str):
+    def __init__(self, tokenizer, lark: str, bounded_numbers: bool = True):
         self.lark = lark  # the source: other ranks of a distributed server compile it too
         ll = ll_tokenizer(tokenizer)
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
@@ -83,9 +90,14 @@ class Grammar:
         self._matcher = matcher
         self._vocab_size = ll.vocab_size
         self._ends = sorted(tokenizer.eos_token_ids)
+        # Wherever the grammar writes JSON, its numbers are bounded (see numbers.py); the
+        # benchmark turns that off to compare.
+        bounded = bounded_numbers and "%json" in lark
+        self._numbers = number_table(tokenizer) if bounded else None
 
     def processor(self) -> GrammarProcessor:
-        return GrammarProcessor(self._matcher.deep_copy(), self._vocab_size, self._ends)
+        numbers = NumberBounds(self._numbers) if self._numbers is not None else None
+        return GrammarProcessor(self._matcher.deep_copy(), self._vocab_size, self._ends, numbers)
 
 
 class GrammarProcessor:
@@ -93,8 +105,15 @@ class GrammarProcessor:
     to the matcher, then masks every token the grammar does not allow next. Once the
     grammar is complete only end-of-turn tokens remain."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, ends: list[int]):
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        vocab_size: int,
+        ends: list[int],
+        numbers: NumberBounds | None = None,
+    ):
         self._matcher = matcher
+        self._numbers = numbers
         self._calls = 0
         self._bitmask = allocate_token_bitmask(1, vocab_size)
         self._vocab_size = vocab_size
@@ -103,7 +122,10 @@ class GrammarProcessor:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:  # the first call sees the prompt's last token, not a generated one
-            self._matcher.consume_token(as_int(tokens[-1]))
+            token = as_int(tokens[-1])
+            self._matcher.consume_token(token)
+            if self._numbers is not None:
+                self._numbers.written(token)
         self._calls += 1
         if self._allowed is None:  # the model's vocabulary may be padded past the tokenizer's
             self._allowed = np.zeros(logits.shape[-1], dtype=np.bool_)
@@ -115,6 +137,8 @@ class GrammarProcessor:
             fill_next_token_bitmask(self._matcher, self._bitmask)
             bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
             self._allowed[: self._vocab_size] = bits[: self._vocab_size]
+            if self._numbers is not None:
+                self._numbers.restrict(self._allowed)
         return mx.where(mx.array(self._allowed), logits, -mx.inf)
 
 
