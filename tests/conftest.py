@@ -19,6 +19,7 @@ import conversations
 import embedding_fixture
 import fixture_models
 import hybrid_fixture
+import looper_fixture
 import pytest
 import vision_fixture
 
@@ -190,6 +191,27 @@ def family(request, server):
     srv = start_server(request.getfixturevalue(f"{request.param}_model"), "--trust-remote-code")
     yield srv
     srv.stop()
+
+
+FAMILY_MODELS = {
+    "byte_level": "tiny_model",
+    "metaspace": "metaspace_model",
+    "sentencepiece": "sentencepiece_model",
+    "tiktoken": "tiktoken_model",
+}
+
+
+def looper_model(request, family: str) -> Path:
+    """tiny-looper on `family`'s tokenizer (see looper_fixture.py); rebuilt when that
+    tokenizer or the builder changes."""
+    family_model = request.getfixturevalue(FAMILY_MODELS[family])
+    sources = (
+        Path(looper_fixture.__file__),
+        *sorted(f for f in family_model.iterdir() if f.suffix in (".json", ".py", ".model")),
+    )
+    spec = looper_fixture.spec_for(family)
+    make = looper_fixture.make(family_model)
+    return fixture_models.build(spec, cache_root() / "fixtures", make, sources)
 
 
 @pytest.fixture(scope="session")
