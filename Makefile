@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed bench-embedding-fairness clean
+.PHONY: install browser run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed bench-embedding-fairness clean
 
 install: $(VENV)/.installed
 
@@ -32,8 +32,17 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(WITH_BLAS) $(VENV)/bin/mlxserve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install
+test: install browser
 	$(WITH_BLAS) $(PY) -m pytest $(ARGS)
+
+# The web app's tests drive a headless chromium through Playwright: Debian's on Linux,
+# Playwright's own elsewhere.
+browser: install
+	@if [ "$$(uname -s)" = Linux ]; then \
+		command -v chromium >/dev/null 2>&1 || { \
+			echo "Installing chromium (for the web app's browser tests)..."; \
+			apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; }; \
+	else $(PY) -m playwright install chromium; fi
 
 lint: install
 	$(VENV)/bin/ruff check .

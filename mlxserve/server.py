@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -21,6 +22,7 @@ from mlxserve.api import secret
 from mlxserve.api.handler import APIHandler
 from mlxserve.api.routes import Routes
 from mlxserve.config import ServerConfig
+from mlxserve.console import ready_screen
 from mlxserve.distributed.cluster import Cluster, FaultHandler, watch_launcher
 from mlxserve.distributed.lockstep import Follower, Leader
 from mlxserve.distributed.world import World, join_world
@@ -57,6 +59,15 @@ class MLXServer(ThreadingHTTPServer):
         self._open_requests = 0  # being answered now: shutdown waits for their last bytes
         self._open_lock = threading.Lock()
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that closes or resets its connection costs one debug line; anything
+        else is a bug, logged with its traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            log.debug("Connection from %s ended: %r", client_address[0], error)
+        else:
+            log.exception("Error on the connection from %s", client_address[0])
+
     @contextmanager
     def answering(self) -> Iterator[None]:
         """Counts a request as open while its reply is being written."""
@@ -77,16 +88,36 @@ class MLXServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
+        return f"{self.origin}/v1"
+
+    @property
+    def origin(self) -> str:
         address, port = self.server_address[:2]
         host = address.decode() if isinstance(address, bytes) else address
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{port}/v1"
+        return f"http://{host}:{port}"
+
+
+def check_port(config: ServerConfig) -> None:
+    """Before minutes of loading: one sentence if the address cannot be served."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((config.host, config.port))
+        except OSError as e:
+            why = "is in use (another server?)" if e.errno == errno.EADDRINUSE else f"fails: {e}"
+            raise SystemExit(
+                f"mlxserve: port {config.port} on {config.host} {why}; stop that server or "
+                "choose another port with --port."
+            ) from e
 
 
 def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket.
     `world`: the ranks of a distributed server, this one rank 0."""
     secret.install(config.secret_key, cache_root())
+    check_port(config)
     paths, budget = _models_and_budget(config)
     cluster = Cluster(world, config, paths, budget) if world is not None else None
     faults = FaultHandler(DRAIN_SECONDS)
@@ -216,8 +247,8 @@ def run(config: ServerConfig) -> None:
     server = build_server(config, world)
     # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    models = ", ".join(settings.served_name for settings in config.models)
-    print(f"mlxserve is ready: {server.url}  (models: {models})", flush=True)
+    service = server.routes.service
+    print(ready_screen(server.origin, service, bool(config.api_key)), flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -298,6 +298,15 @@ def image_dir(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the test item (rep_setup, rep_call, rep_teardown), for
+    fixtures that act on a failure (the web app's screenshots)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 def _serving(model: Path, *args: str) -> Iterator[Server]:
     srv = start_server(model, *args)
     yield srv

@@ -45,6 +45,8 @@ def test_models(server, tiny_model):
         "context_length": 4096,
         "max_model_len": 4096,
         "state": "loaded",
+        "pinned": False,
+        "size_bytes": sum(f.stat().st_size for f in tiny_model.glob("*.safetensors")),
         "capabilities": {"tools": True, "reasoning": True},
     }
     status, _, one = server.get(f"/v1/models/{tiny_model}")

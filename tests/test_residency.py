@@ -150,9 +150,19 @@ def test_load_and_unload_endpoints(launch, tiny_model, model_dir):
     status, _, _ = srv.post("/v1/models/load", {"model": "tiny-copy"})
     assert status == 401
     status, _, body = srv.post("/v1/models/load", {"model": "tiny-copy"}, key)
-    assert status == 200 and body == {"id": "tiny-copy", "object": "model", "state": "loaded"}
+    assert status == 200 and body == {
+        "id": "tiny-copy",
+        "object": "model",
+        "state": "loaded",
+        "pinned": False,
+    }
     listed = {m["id"]: m for m in srv.get("/v1/models", key)[2]["data"]}
     assert listed["tiny-copy"]["capabilities"] == {"tools": True, "reasoning": True}
+    status, _, body = srv.post("/v1/models/pin", {"model": "tiny-copy"}, key)
+    assert status == 200 and body["pinned"] is True
+    assert srv.get("/v1/models/tiny-copy", key)[2]["pinned"] is True
+    status, _, body = srv.post("/v1/models/pin", {"model": "tiny-copy", "pinned": False}, key)
+    assert status == 200 and body["pinned"] is False
     status, _, body = srv.post("/v1/models/unload", {"model": "tiny-copy"}, key)
     assert status == 200 and body["state"] == "not-loaded"
     status, _, body = srv.post("/v1/models/load", {"model": "nope"}, key)

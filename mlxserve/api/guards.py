@@ -60,13 +60,20 @@ def check_host(headers: Message, allowed: tuple[str, ...] | None, bound_to: str)
         )
 
 
+def same_origin(origin: str, host: str | None) -> bool:
+    """A page this server served (the web app) posting back to it: its origin is the
+    Host it asked for, which check_host has already allowed."""
+    return host is not None and origin in (f"http://{host}", f"https://{host}")
+
+
 def check_browser_post(headers: Message, allowed_origins: tuple[str, ...]) -> None:
-    """A POST from a web page (it carries Origin) must come from an allowed origin and
-    be JSON: form and text bodies skip the browser's CORS preflight."""
+    """A POST from a web page (it carries Origin) must come from an allowed origin (or be
+    the server's own page) and be JSON: form and text bodies skip the browser's CORS preflight."""
     origin = headers.get("Origin")
     if origin is None:
         return  # curl, SDKs, agents: not a browser
-    if "*" not in allowed_origins and origin not in allowed_origins:
+    allowed = "*" in allowed_origins or origin in allowed_origins
+    if not allowed and not same_origin(origin, headers.get("Host")):
         raise ServiceError(
             ErrorKind.FORBIDDEN,
             f"Requests from the origin {origin!r} are not allowed (see --allowed-origins).",

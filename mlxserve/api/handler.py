@@ -24,6 +24,7 @@ from mlxserve.api.routes import (
     MODEL_PREFIXES,
     MODELS_PATHS,
     RESPONSE_PREFIXES,
+    STATUS_PATHS,
     Routes,
 )
 from mlxserve.config import ServerConfig
@@ -37,6 +38,8 @@ from mlxserve.protocol.errors import (
 from mlxserve.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from mlxserve.telemetry.metrics import Metrics
 from mlxserve.telemetry.record import RequestRecord, recording, request_id
+from mlxserve.webapp import HEADERS as PAGE_HEADERS
+from mlxserve.webapp import asset, is_asset_path
 
 log = logging.getLogger(__name__)
 # A body must arrive at this rate at least (its deadline grows with its size), and never
@@ -137,12 +140,15 @@ class APIHandler(BaseHTTPRequestHandler):
             self.command,
             self.path,
             on_token_gap=self.app.metrics.observe_token_gap,
+            on_token=self.app.routes.activity.token,
         )
         with recording(self.record):
             path = self._answer(route)
             self.record.finished = time.monotonic()
             access_log.info(self.record.access_line())
         self.app.metrics.observe(self.record, self.app.routes.endpoint(path))
+        if self.command == "POST":  # the work itself, not the pages polling for it
+            self.app.routes.activity.finished(self.record)
 
     def _answer(self, route) -> str:
         """Route the request; errors become the dialect's error reply. Returns the path."""
@@ -154,8 +160,8 @@ class APIHandler(BaseHTTPRequestHandler):
         try:
             path = urlsplit(self.path).path.rstrip("/") or "/"
             check_host(self.headers, config.allowed_hosts, config.host)
-            if path not in HEALTH_PATHS:
-                self._authorize()
+            if path not in HEALTH_PATHS and not is_asset_path(path):
+                self._authorize()  # the web app's files hold no data: its API calls do
             route(path)
         except ServiceError as e:
             self._send_error(routes.errors(path)(e))
@@ -169,11 +175,15 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _get(self, path: str) -> None:
         endpoints = self.app.routes.openai
-        if path in HEALTH_PATHS:
+        if is_asset_path(path):
+            self._send_asset(path)
+        elif path in HEALTH_PATHS:
             status, body = endpoints.health()
             self._send_json(status, body)
         elif path in MODELS_PATHS:
             self._send_json(200, endpoints.models())
+        elif path in STATUS_PATHS:
+            self._send_json(200, self.app.routes.status.status())
         elif path in METRICS_PATHS:
             self._send(200, self.app.metrics.render(), METRICS_CONTENT_TYPE)
         elif path.startswith(MODEL_PREFIXES):
@@ -182,6 +192,12 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_json(200, self._stored_response(path))
         else:
             self._unknown(path, tuple(self.app.routes.post))
+
+    def _send_asset(self, path: str) -> None:
+        found = asset(path)
+        if found is None:
+            raise not_found(f"Unknown path: {path}", code="unknown_url")
+        self._send(200, found.data, found.content_type, PAGE_HEADERS)
 
     def _delete(self, path: str) -> None:
         if not path.startswith(RESPONSE_PREFIXES):

@@ -14,8 +14,10 @@ from mlxserve.api.openai.errors import error_reply as openai_error
 from mlxserve.api.openai.tokenize import TokenizeEndpoints
 from mlxserve.api.responder import Responder
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
+from mlxserve.api.status import StatusEndpoint
 from mlxserve.protocol.errors import not_found
 from mlxserve.service.chat import ChatService
+from mlxserve.telemetry.activity import Activity
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 COMPLETION_PATHS = ("/v1/completions", "/completions")
@@ -33,8 +35,10 @@ MODELS_PATHS = ("/v1/models", "/models")
 MODEL_PREFIXES = ("/v1/models/", "/models/")
 LOAD_PATHS = ("/v1/models/load", "/models/load")
 UNLOAD_PATHS = ("/v1/models/unload", "/models/unload")
+PIN_PATHS = ("/v1/models/pin", "/models/pin")
 METRICS_PATHS = ("/metrics",)
-GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS
+STATUS_PATHS = ("/v1/status", "/status")
+GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS + STATUS_PATHS
 
 # A POST endpoint: (request body, the connection) -> a JSON reply, or None once streamed.
 Endpoint = Callable[[bytes, Responder], dict | None]
@@ -43,11 +47,13 @@ Endpoint = Callable[[bytes, Responder], dict | None]
 @dataclass
 class Routes:
     service: ChatService
+    activity: Activity = field(default_factory=Activity)
     openai: OpenAIEndpoints = field(init=False)
     anthropic: AnthropicEndpoints = field(init=False)
     responses: ResponsesEndpoints = field(init=False)
     tokenizer: TokenizeEndpoints = field(init=False)
     embeddings: EmbeddingEndpoints = field(init=False)
+    status: StatusEndpoint = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
 
     def __post_init__(self):
@@ -56,6 +62,7 @@ class Routes:
         self.responses = ResponsesEndpoints(self.service)
         self.tokenizer = TokenizeEndpoints(self.service)
         self.embeddings = EmbeddingEndpoints(self.service)
+        self.status = StatusEndpoint(self.service, self.activity)
         self.post = {
             **dict.fromkeys(CHAT_PATHS, self.openai.chat),
             **dict.fromkeys(COMPLETION_PATHS, self.openai.completion),
@@ -66,6 +73,7 @@ class Routes:
             **dict.fromkeys(EMBEDDINGS_PATHS, self.embeddings.embeddings),
             **dict.fromkeys(LOAD_PATHS, self.openai.load_model),
             **dict.fromkeys(UNLOAD_PATHS, self.openai.unload_model),
+            **dict.fromkeys(PIN_PATHS, self.openai.pin_model),
             **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
             **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }

@@ -53,6 +53,7 @@ SHUTTING_DOWN = "The server is shutting down."
 GATHER_GAP_SECONDS = 0.004
 GATHER_MAX_SECONDS = 0.03
 IDLE_CHECK_SECONDS = 1.0  # how often an idle thread looks for models to unload
+KV_SAMPLE_SECONDS = 0.5  # how often a running loop notes its KV bytes for the status page
 
 Session = BatchSession | StreamSession
 
@@ -74,6 +75,8 @@ class GenerationWorker:
         self._memory_budget = memory_budget  # bytes for weights and KV caches
         self._idle_unload_seconds = idle_unload_seconds
         self._idle_check = 0.0  # when to look for idle models next (monotonic)
+        self.kv_bytes = 0  # what the batches' KV caches held when last noted
+        self._kv_noted = 0.0
         self._cache = cache
         self._limits = limits
         self._capacity = capacity  # jobs running or waiting; more are refused
@@ -101,6 +104,11 @@ class GenerationWorker:
     @property
     def prompt_cache(self) -> PromptCache:
         return self._cache
+
+    @property
+    def memory_budget(self) -> int | None:
+        """Bytes for weights and KV caches (None: unbounded)."""
+        return self._memory_budget
 
     @property
     def alive(self) -> bool:
@@ -258,9 +266,20 @@ class GenerationWorker:
             self._admit()
             for session in [s for s in self._sessions.values() if len(s) > 0]:
                 session.step()
+            self._note_kv_bytes()
             if self._idle_unload_seconds is not None and time.monotonic() >= self._idle_check:
                 self._idle_check = time.monotonic() + IDLE_CHECK_SECONDS
                 self._unload_idle(self._idle_unload_seconds)
+
+    def _note_kv_bytes(self) -> None:
+        """Samples the KV bytes the batches hold (for the status page; read anywhere):
+        every KV_SAMPLE_SECONDS while they run, and 0 once they are empty."""
+        active = [s for s in self._sessions.values() if len(s) > 0]
+        now = time.monotonic()
+        if active and now < self._kv_noted + KV_SAMPLE_SECONDS:
+            return
+        self._kv_noted = now
+        self.kv_bytes = sum(s.live_bytes() for s in active if isinstance(s, BatchSession))
 
     def _next_step(self) -> LoopStep:
         """This iteration's inputs: rank 0's on a following rank, else what was submitted
@@ -481,7 +500,8 @@ class GenerationWorker:
     def _too_large(self, name: str, weight_bytes: int) -> ServiceError:
         return bad_request(
             f"The memory budget ({(self._memory_budget or 0) / GB:.2f} GB) does not hold the "
-            f"weights of {name} ({weight_bytes / GB:.2f} GB)."
+            f"weights of {name} ({weight_bytes / GB:.2f} GB); raise --memory-budget-gb, or "
+            "serve a smaller or quantized model (`mlxserve pull REPO --quantize 4`)."
         )
 
     def _make_room(self, spec: ModelSpec) -> None:

@@ -40,11 +40,14 @@ class RequestRecord:
     finished: float | None = None
     # Told each gap between two tokens of a sequence (model, seconds), as it happens.
     on_token_gap: Callable[[str, float], None] | None = None
+    on_token: Callable[[float], None] | None = None  # told each token's time
 
     def token(self, at: float, previous: float | None) -> None:
         """A token arrived at `at`; `previous` is its sequence's last token, if any."""
         if self.first_token is None:
             self.first_token = at
+        if self.on_token is not None:
+            self.on_token(at)
         if previous is not None and self.on_token_gap is not None:
             self.on_token_gap(self.model or "", at - previous)
 

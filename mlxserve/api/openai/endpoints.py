@@ -10,6 +10,7 @@ from mlxserve.api.openai.requests import (
     ChatRequest,
     CompletionRequest,
     ModelRequest,
+    PinRequest,
     chat_request,
     completion_request,
 )
@@ -63,10 +64,19 @@ class OpenAIEndpoints:
         self.service.worker.call(lambda: self.service.worker.unload(spec))
         return self._state(name)
 
+    def pin_model(self, raw: bytes, responder: Responder) -> dict:
+        """POST /v1/models/pin: keep a model resident (or let it go again) whatever
+        --pin said."""
+        wire = parse(PinRequest, raw)
+        self.service.provider.pin(self.service.provider.resolve(wire.model), wire.pinned)
+        return self._state(wire.model)
+
     def _state(self, name: str) -> dict:
-        spec = self.service.provider.resolve(name)
-        loaded = any(m.spec == spec for m in self.service.provider.resident)
-        return {"id": name, "object": "model", "state": "loaded" if loaded else "not-loaded"}
+        provider = self.service.provider
+        spec = provider.resolve(name)
+        loaded = any(m.spec == spec for m in provider.resident)
+        state = "loaded" if loaded else "not-loaded"
+        return {"id": name, "object": "model", "state": state, "pinned": provider.pinned(spec)}
 
     def chat(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ChatRequest, raw)

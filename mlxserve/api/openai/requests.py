@@ -272,6 +272,12 @@ class ModelRequest(_Strict):
     model: Annotated[str, Field(min_length=1)]
 
 
+class PinRequest(ModelRequest):
+    """The body of /v1/models/pin: pin (never unload for memory or idleness) or unpin."""
+
+    pinned: bool = True
+
+
 # Translation into the neutral requests ------------------------------------------------
 
 

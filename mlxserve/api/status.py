@@ -1,0 +1,39 @@
+"""GET /v1/status: what the web app's Models and Status pages show, as one JSON object
+(the Prometheus text at /metrics is awkward in a browser)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlxserve.service.chat import ChatService
+from mlxserve.telemetry.activity import Activity
+
+
+@dataclass
+class StatusEndpoint:
+    service: ChatService
+    activity: Activity
+
+    def status(self) -> dict:
+        worker, provider = self.service.worker, self.service.provider
+        in_memory = {m.spec: m.nbytes for m in provider.resident}
+        models = [
+            {**entry, "memory_bytes": in_memory.get(spec, 0)}
+            for entry, spec in (
+                (provider.model_entry(name, spec), spec) for name, spec in provider.listed().items()
+            )
+        ]
+        return {
+            "object": "status",
+            "default_model": next(iter(provider.served)),
+            "requests": {"running": worker.running, "waiting": worker.waiting},
+            "tokens_per_second": self.activity.tokens_per_second(),
+            "memory": {
+                "budget_bytes": worker.memory_budget,
+                "weights_bytes": provider.weight_bytes(),
+                "kv_cache_bytes": worker.kv_bytes,
+                "prompt_cache_bytes": worker.prompt_cache.nbytes,
+            },
+            "models": models,
+            "recent": self.activity.recent(),
+        }

@@ -1,0 +1,41 @@
+"""What the server prints once it is ready: one short screen that says where it is, what
+it serves and what to do next."""
+
+from __future__ import annotations
+
+import json
+
+from mlxserve.engine.memory import GB
+from mlxserve.service.chat import ChatService
+
+HELLO = {"messages": [{"role": "user", "content": "Hello!"}]}
+
+
+def ready_screen(origin: str, service: ChatService, api_key: bool) -> str:
+    """`origin`: http://host:port. The first line is what scripts wait for."""
+    provider, worker = service.provider, service.worker
+    names = list(provider.served)
+    in_memory = {m.spec: m.nbytes for m in provider.resident}
+    lines = [
+        f"mlxserve is ready: {origin}/v1  (models: {', '.join(names)})",
+        "",
+        f"  Web app   {origin}/",
+        f"  API       {origin}/v1  (OpenAI Chat Completions and Responses, Anthropic Messages)",
+    ]
+    for i, (name, spec) in enumerate(provider.served.items()):
+        context = provider.context_length(spec)
+        parts = [spec.kind, f"{context:,} tokens of context" if context else "context unknown"]
+        parts.append(f"{in_memory.get(spec, 0) / GB:.2f} GB in memory")
+        lines.append(f"  {'Models' if i == 0 else '':<9} {name}: {', '.join(parts)}")
+    budget = worker.memory_budget
+    lines.append(f"  Memory    budget {budget / GB:.2f} GB" if budget else "  Memory    no budget")
+    auth = ' -H "Authorization: Bearer $MLXSERVE_API_KEY"' if api_key else ""
+    host_port = origin.removeprefix("http://")
+    lines += [
+        "",
+        "  Next: open the web app in a browser, or",
+        f"    curl {origin}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
+        f"      -d '{json.dumps(HELLO)}'",
+        f"    mlxserve launch claude --url http://{host_port}   (or codex)",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,406 @@
+"use strict";
+// The web app: Chat, Models and Status pages over the server's own API. Everything it
+// shows comes from the API with the key this browser keeps; nothing here bypasses it.
+
+const KEY_STORE = "mlxserve.apiKey";
+const POLL_MS = 1000;
+const $ = (id) => document.getElementById(id);
+const state = { models: [], history: [], attachments: [], controller: null, page: "chat", timer: null };
+
+// ---------------------------------------------------------------------------- plumbing
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  Object.assign(node, props);
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function requestHeaders(json) {
+  const headers = json ? { "Content-Type": "application/json" } : {};
+  const key = localStorage.getItem(KEY_STORE);
+  if (key) headers.Authorization = `Bearer ${key}`;
+  return headers;
+}
+
+async function failure(response) {
+  let message = `${response.status} ${response.statusText}`;
+  try {
+    const body = await response.json();
+    message = (body.error && body.error.message) || message;
+  } catch (_) { /* not JSON: the status says it */ }
+  if (response.status === 401) askForKey(message);
+  return new Error(message);
+}
+
+async function api(path, body) {
+  const init = body === undefined
+    ? { headers: requestHeaders(false) }
+    : { method: "POST", headers: requestHeaders(true), body: JSON.stringify(body) };
+  const response = await fetch(path, init);
+  if (!response.ok) throw await failure(response);
+  return response.json();
+}
+
+function showBanner(text) {
+  $("banner").textContent = text || "";
+  $("banner").hidden = !text;
+}
+
+function askForKey(message) {
+  $("key-form").hidden = false;
+  showBanner(`${message} Enter this server's API key above.`);
+  $("key-input").focus();
+}
+
+async function* serverSentData(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart());
+      if (data.length) yield data.join("\n");
+    }
+  }
+}
+
+function formatBytes(bytes) {
+  if (bytes === null || bytes === undefined) return "—";
+  if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(2)} GB`;
+  if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
+  return `${(bytes / 1e3).toFixed(0)} kB`;
+}
+
+const seconds = (value) => (value === null || value === undefined ? "—" : `${value.toFixed(2)} s`);
+const rate = (value) => (value === null || value === undefined ? "—" : value.toFixed(1));
+
+// ---------------------------------------------------------------------------- pages
+
+function showPage(page) {
+  state.page = page;
+  for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.page === page);
+  for (const name of ["chat", "models", "status"]) $(`page-${name}`).hidden = name !== page;
+  clearInterval(state.timer);
+  refresh();
+  if (page !== "chat") state.timer = setInterval(refresh, POLL_MS);
+}
+
+async function refresh() {
+  try {
+    const status = await api("/v1/status");
+    state.models = status.models;
+    showBanner("");
+    renderModelPicker(status.default_model);
+    if (state.page === "models") renderModels(status);
+    if (state.page === "status") renderStatus(status);
+  } catch (error) {
+    if (!$("key-form").hidden) return; // the key form says what is wrong
+    showBanner(`The server did not answer: ${error.message}`);
+  }
+}
+
+// ---------------------------------------------------------------------------- chat
+
+function chatModels() {
+  return state.models.filter((m) => m.kind !== "embedding");
+}
+
+function renderModelPicker(defaultModel) {
+  const select = $("model-select");
+  const chosen = select.value || defaultModel;
+  select.replaceChildren(...chatModels().map((m) => el("option", {
+    value: m.id,
+    textContent: m.state === "loaded" ? m.id : `${m.id} (not loaded)`,
+    selected: m.id === chosen,
+  })));
+  updateAttach();
+}
+
+function selectedModel() {
+  return state.models.find((m) => m.id === $("model-select").value);
+}
+
+function updateAttach() {
+  const model = selectedModel();
+  $("attach-label").hidden = !(model && model.input_modalities.includes("image"));
+}
+
+function numberSetting(id) {
+  const value = $(id).value.trim();
+  return value === "" ? undefined : Number(value);
+}
+
+function userMessage(text, images) {
+  const node = el("div", { className: "message user", textContent: text });
+  for (const url of images) node.append(el("img", { src: url, alt: "attached image" }));
+  $("messages").append(node);
+}
+
+// One assistant reply as it streams: its reasoning (collapsed), text, tool calls, figures.
+class ReplyView {
+  constructor() {
+    this.node = el("div", { className: "message assistant" });
+    this.reasoningBlock = el("details", { className: "reasoning", hidden: true },
+      el("summary", { textContent: "Reasoning" }));
+    this.reasoningText = el("div", { className: "reasoning-text" });
+    this.reasoningBlock.append(this.reasoningText);
+    this.body = el("div", { className: "content" });
+    this.tools = el("div");
+    this.stats = el("div", { className: "stats" });
+    this.node.append(this.reasoningBlock, this.body, this.tools, this.stats);
+    $("messages").append(this.node);
+  }
+
+  reasoning(text) {
+    this.reasoningBlock.hidden = false;
+    this.reasoningText.textContent = text;
+  }
+
+  content(text) {
+    this.body.innerHTML = renderMarkdown(text); // escaped by renderMarkdown
+    this.node.scrollIntoView({ block: "end" });
+  }
+
+  toolCalls(calls) {
+    this.tools.replaceChildren(...calls.map((call) => el("div", { className: "tool-call" },
+      "Tool call ", el("strong", { textContent: call.name }), " ", el("code", { textContent: call.arguments }))));
+  }
+
+  figures(text) {
+    this.stats.textContent = text;
+  }
+
+  error(message) {
+    this.node.classList.add("error");
+    this.stats.textContent = message;
+  }
+}
+
+function figures(started, first, ended, usage) {
+  const parts = [];
+  if (first !== null) parts.push(`TTFT ${((first - started) / 1000).toFixed(2)} s`);
+  if (usage && first !== null && usage.completion_tokens > 1 && ended > first) {
+    parts.push(`${((usage.completion_tokens - 1) / ((ended - first) / 1000)).toFixed(1)} tok/s`);
+  }
+  if (usage) {
+    const cached = (usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0;
+    parts.push(`prompt cache ${cached}/${usage.prompt_tokens} tokens`);
+    parts.push(`${usage.completion_tokens} tokens out`);
+  }
+  return parts.join(" · ");
+}
+
+function chatBody() {
+  const system = $("system-prompt").value.trim();
+  const body = {
+    model: $("model-select").value,
+    messages: [...(system ? [{ role: "system", content: system }] : []), ...state.history],
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  for (const [field, id] of [["temperature", "temperature"], ["top_p", "top-p"], ["max_tokens", "max-tokens"]]) {
+    const value = numberSetting(id);
+    if (value !== undefined) body[field] = value;
+  }
+  return body;
+}
+
+async function send(event) {
+  event.preventDefault();
+  const text = $("prompt").value.trim();
+  const images = state.attachments;
+  if ((!text && !images.length) || state.controller) return;
+  const content = images.length
+    ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
+    : text;
+  state.history.push({ role: "user", content });
+  userMessage(text, images);
+  $("prompt").value = "";
+  state.attachments = [];
+  $("attachments").replaceChildren();
+  await reply(new ReplyView());
+}
+
+async function reply(view) {
+  state.controller = new AbortController();
+  $("stop").hidden = false;
+  $("send").disabled = true;
+  const started = performance.now();
+  let first = null;
+  let usage = null;
+  let text = "";
+  let reasoning = "";
+  const calls = [];
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST", headers: requestHeaders(true), body: JSON.stringify(chatBody()), signal: state.controller.signal,
+    });
+    if (!response.ok) throw await failure(response);
+    for await (const data of serverSentData(response)) {
+      if (data === "[DONE]") break;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.usage) usage = chunk.usage;
+      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      if (!delta) continue;
+      if (first === null && (delta.content || delta.reasoning_content || delta.tool_calls)) first = performance.now();
+      if (delta.reasoning_content) view.reasoning((reasoning += delta.reasoning_content));
+      if (delta.content) view.content((text += delta.content));
+      for (const call of delta.tool_calls || []) {
+        const known = calls[call.index] || (calls[call.index] = { name: "", arguments: "" });
+        known.name += (call.function && call.function.name) || "";
+        known.arguments += (call.function && call.function.arguments) || "";
+        view.toolCalls(calls);
+      }
+      view.figures(figures(started, first, performance.now(), usage));
+    }
+    view.figures(figures(started, first, performance.now(), usage));
+  } catch (error) {
+    view.error(error.name === "AbortError" ? "Stopped." : error.message);
+  } finally {
+    state.controller = null;
+    $("stop").hidden = true;
+    $("send").disabled = false;
+  }
+  state.history.push({ role: "assistant", content: text });
+  refresh(); // the model may have been loaded for this reply
+}
+
+function attach() {
+  for (const file of $("attach").files) {
+    const reader = new FileReader();
+    reader.onload = () => {
+      state.attachments.push(reader.result);
+      $("attachments").append(el("img", { src: reader.result, alt: file.name }));
+    };
+    reader.readAsDataURL(file);
+  }
+  $("attach").value = "";
+}
+
+// ---------------------------------------------------------------------------- models
+
+const MEMORY_PARTS = [
+  ["weights_bytes", "weights", "var(--weights)"],
+  ["kv_cache_bytes", "KV caches", "var(--kv)"],
+  ["prompt_cache_bytes", "prompt cache", "var(--cache)"],
+];
+
+function renderMemory(memory) {
+  const used = MEMORY_PARTS.reduce((sum, [key]) => sum + memory[key], 0);
+  const total = Math.max(memory.budget_bytes || used, 1);
+  $("memory-bar").replaceChildren(...MEMORY_PARTS.map(([key, name, color]) => {
+    const part = el("span", { title: `${name}: ${formatBytes(memory[key])}` });
+    part.style.width = `${(100 * memory[key]) / total}%`;
+    part.style.background = color;
+    return part;
+  }));
+  const budget = memory.budget_bytes ? formatBytes(memory.budget_bytes) : "unbounded";
+  $("memory-legend").replaceChildren(
+    ...MEMORY_PARTS.map(([key, name, color]) => {
+      const swatch = el("i");
+      swatch.style.background = color;
+      return el("span", {}, swatch, `${name} ${formatBytes(memory[key])}`);
+    }),
+    el("span", { textContent: `budget ${budget}` }),
+  );
+}
+
+async function modelAction(path, body, button) {
+  button.disabled = true;
+  button.textContent = "…";
+  try {
+    await api(path, body);
+  } catch (error) {
+    showBanner(error.message);
+    return;
+  } finally {
+    button.disabled = false;
+  }
+  await refresh();
+}
+
+function modelRow(model) {
+  const loaded = model.state === "loaded";
+  const actions = el("td");
+  const action = (label, path, body) => {
+    const button = el("button", { className: "quiet", textContent: label });
+    button.dataset.action = label.toLowerCase();
+    button.addEventListener("click", () => modelAction(path, body, button));
+    actions.append(button);
+  };
+  if (loaded) action("Unload", "/v1/models/unload", { model: model.id });
+  else action("Load", "/v1/models/load", { model: model.id });
+  action(model.pinned ? "Unpin" : "Pin", "/v1/models/pin", { model: model.id, pinned: !model.pinned });
+  const row = el("tr", {},
+    el("td", { textContent: model.id }),
+    el("td", { textContent: model.kind }),
+    el("td", { textContent: model.context_length ? model.context_length.toLocaleString() : "—" }),
+    el("td", { textContent: formatBytes(model.size_bytes) }),
+    el("td", { className: "state", textContent: loaded ? `yes (${formatBytes(model.memory_bytes)})` : "no" }),
+    el("td", { className: "pinned", textContent: model.pinned ? "yes" : "no" }),
+    actions);
+  row.dataset.model = model.id;
+  return row;
+}
+
+function renderModels(status) {
+  renderMemory(status.memory);
+  $("models-table").tBodies[0].replaceChildren(...status.models.map(modelRow));
+}
+
+// ---------------------------------------------------------------------------- status
+
+function renderStatus(status) {
+  $("running").textContent = status.requests.running;
+  $("waiting").textContent = status.requests.waiting;
+  $("rate").textContent = status.tokens_per_second.toFixed(1);
+  $("recent-table").tBodies[0].replaceChildren(...status.recent.map((r) => el("tr", {},
+    el("td", { textContent: r.request_id }),
+    el("td", { textContent: r.path }),
+    el("td", { textContent: r.model || "—" }),
+    el("td", { textContent: r.status }),
+    el("td", { textContent: `${r.prompt_tokens} (${r.cached_tokens})` }),
+    el("td", { textContent: r.completion_tokens }),
+    el("td", { textContent: seconds(r.ttft_seconds) }),
+    el("td", { textContent: rate(r.tokens_per_second) }),
+    el("td", { textContent: seconds(r.seconds) }))));
+}
+
+// ---------------------------------------------------------------------------- start
+
+function start() {
+  for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showPage(tab.dataset.page));
+  $("chat-form").addEventListener("submit", send);
+  $("prompt").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) send(event);
+  });
+  $("stop").addEventListener("click", () => state.controller && state.controller.abort());
+  $("attach").addEventListener("change", attach);
+  $("model-select").addEventListener("change", updateAttach);
+  $("new-chat").addEventListener("click", () => {
+    state.history = [];
+    $("messages").replaceChildren();
+  });
+  $("key-button").addEventListener("click", () => {
+    $("key-form").hidden = !$("key-form").hidden;
+  });
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    localStorage.setItem(KEY_STORE, $("key-input").value.trim());
+    $("key-input").value = "";
+    $("key-form").hidden = true;
+    showBanner("");
+    refresh();
+  });
+  showPage("chat");
+}
+
+start();

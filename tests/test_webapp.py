@@ -1,0 +1,173 @@
+"""The web app at `/` in a real browser: Playwright drives a headless chromium (Debian's
+on Linux, installed by `make test`) against one server with the API key on, serving the
+chat fixture (which reasons on some questions) and the vision fixture (which names a
+square's colour). A failed test leaves a screenshot in test-screenshots/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import start_server
+from conversations import COLOUR_QUESTION, square_png
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+KEY = "sk-webapp-test"
+SCREENSHOTS = Path(__file__).parent.parent / "test-screenshots"
+ANSWER_SECONDS = 60_000  # ms: a reply on the CPU, a model load
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model, vision_model):
+    srv = start_server(tiny_model, "--model", str(vision_model), "--api-key", KEY)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    """Playwright's driver (Node) and the browser it starts, without the OpenBLAS that
+    `make test` preloads for MLX: in them it breaks thread creation."""
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        driver = sync_playwright().start()
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
+    yield driver
+    driver.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(playwright) -> Iterator[Browser]:
+    system = shutil.which("chromium")  # Debian's; elsewhere Playwright's own
+    launched = playwright.chromium.launch(executable_path=system, args=["--no-sandbox"])
+    yield launched
+    launched.close()
+
+
+@pytest.fixture
+def page(browser, request) -> Iterator[Page]:
+    """A fresh browser context (nothing stored: no key yet); a screenshot if the test fails."""
+    context = browser.new_context()
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        SCREENSHOTS.mkdir(exist_ok=True)
+        opened.screenshot(path=str(SCREENSHOTS / f"{request.node.name}.png"), full_page=True)
+    context.close()
+    assert errors == [], errors  # the page's own scripts never throw
+
+
+def sign_in(page: Page, app, key: str = KEY) -> None:
+    page.goto(app.url + "/")
+    expect(page.locator("#key-form")).to_be_visible()  # the status call was refused
+    page.fill("#key-input", key)
+    page.click("#key-form button[type=submit]")
+
+
+def chat(page: Page, model: Path, text: str) -> None:
+    page.select_option("#model-select", str(model))
+    page.click("#settings summary")
+    page.fill("#temperature", "0")
+    page.fill("#prompt", text)
+    page.click("#send")
+    expect(page.locator(".message.assistant .stats")).to_contain_text(
+        "tok/s", timeout=ANSWER_SECONDS
+    )
+
+
+def test_the_page_is_served_without_the_key_and_its_api_calls_are_not(app):
+    status, headers, body = app.get("/")
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "<title>mlxserve</title>" in body
+    assert "default-src 'self'" in headers["Content-Security-Policy"]
+    assert app.get("/app/app.js")[0] == 200
+    assert app.get("/v1/status")[0] == 401
+    assert app.get("/app/../server.py")[0] == 404
+
+
+def test_a_message_streams_its_answer(page, app, tiny_model):
+    sign_in(page, app)
+    chat(page, tiny_model, "Hello!")
+    _, _, reply = app.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hello!"}], "temperature": 0},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    expected = reply["choices"][0]["message"]["content"]
+    expect(page.locator(".message.assistant .content")).to_have_text(expected)
+    stats = page.inner_text(".message.assistant .stats")
+    assert "TTFT" in stats and "prompt cache" in stats, stats
+
+
+def test_reasoning_is_collapsed_and_expands(page, app, tiny_model):
+    sign_in(page, app)
+    chat(page, tiny_model, "What is two plus two?")
+    expect(page.locator(".message.assistant .content")).to_have_text("The answer is 4.")
+    thought = page.locator(".message.assistant .reasoning-text")
+    expect(thought).to_be_hidden()
+    page.click(".message.assistant .reasoning summary")
+    expect(thought).to_be_visible()
+    expect(thought).to_have_text("Two plus two makes four.")
+
+
+def test_an_attached_image_gets_its_colour(page, app, vision_model, tmp_path):
+    image = tmp_path / "square.png"
+    image.write_bytes(square_png("blue"))
+    sign_in(page, app)
+    page.select_option("#model-select", str(vision_model))
+    expect(page.locator("#attach-label")).to_be_visible()
+    page.set_input_files("#attach", str(image))
+    expect(page.locator("#attachments img")).to_have_count(1)
+    chat(page, vision_model, COLOUR_QUESTION)
+    expect(page.locator(".message.assistant .content")).to_have_text("Blue.")
+
+
+def test_a_text_model_offers_no_attachment(page, app, tiny_model):
+    sign_in(page, app)
+    page.select_option("#model-select", str(tiny_model))
+    expect(page.locator("#attach-label")).to_be_hidden()
+
+
+def test_unload_and_reload_from_the_models_page(page, app, vision_model):
+    sign_in(page, app)
+    page.click("button[data-page=models]")
+    row = page.locator(f'#models-table tr[data-model="{vision_model}"]')
+    expect(row.locator(".state")).to_contain_text("yes")
+    row.locator("button[data-action=unload]").click()
+    expect(row.locator(".state")).to_have_text("no", timeout=ANSWER_SECONDS)
+    _, _, entry = app.get(f"/v1/models/{vision_model}", {"Authorization": f"Bearer {KEY}"})
+    assert entry["state"] == "not-loaded"
+    row.locator("button[data-action=load]").click()
+    expect(row.locator(".state")).to_contain_text("yes", timeout=ANSWER_SECONDS)
+    row.locator("button[data-action=pin]").click()
+    expect(row.locator(".pinned")).to_have_text("yes")
+    row.locator("button[data-action=unpin]").click()
+    expect(row.locator(".pinned")).to_have_text("no")
+    expect(page.locator("#memory-legend")).to_contain_text("weights")
+
+
+def test_the_status_page_lists_recent_requests(page, app, tiny_model):
+    sign_in(page, app)
+    chat(page, tiny_model, "Hello!")
+    page.click("button[data-page=status]")
+    row = page.locator("#recent-table tbody tr").first
+    expect(row).to_contain_text("/v1/chat/completions")
+    expect(row).to_contain_text("req_")
+    expect(page.locator("#running")).to_have_text("0")
+
+
+def test_a_wrong_key_shows_an_error_not_a_blank_page(page, app):
+    sign_in(page, app, key="sk-wrong")
+    expect(page.locator("#banner")).to_contain_text("Invalid or missing API key")
+    expect(page.locator("#key-form")).to_be_visible()
+    page.fill("#prompt", "Hello!")
+    page.click("#send")
+    expect(page.locator(".message.assistant.error")).to_contain_text("Invalid or missing API key")
