@@ -113,6 +113,13 @@ def parser() -> argparse.ArgumentParser:
         help="a folder whose models clients may load (repeatable)",
     )
     p.add_argument(
+        "--no-cached-models",
+        dest="cached_models",
+        action="store_false",
+        help="neither list nor load the models in the Hugging Face cache and those "
+        "`mlxserve pull --quantize` made; only --model and --model-dir ones",
+    )
+    p.add_argument(
         "--allowed-origins",
         default=",".join(DEFAULTS.allowed_origins),
         help="comma-separated CORS origins",
@@ -367,6 +374,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         draft_model=args.draft_model,
         num_draft_tokens=args.num_draft_tokens,
         model_dirs=tuple(args.model_dir),
+        cached_models=args.cached_models,
         allowed_origins=_names(args.allowed_origins),
         allowed_hosts=_names(args.allowed_hosts) if args.allowed_hosts else None,
         read_timeout=args.read_timeout,
@@ -411,6 +419,10 @@ def main(argv: list[str] | None = None) -> None:
         from mlxserve.agents.launch import main as launch
 
         sys.exit(launch(argv[1:]))
+    if argv[:1] in (["pull"], ["ls"], ["rm"]):  # models on this machine: see hub/commands.py
+        from mlxserve.hub.commands import main as models
+
+        sys.exit(models(argv))
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     config = config_from_args(parser().parse_args(argv))
     handler = logging.StreamHandler(sys.stderr)

@@ -66,6 +66,9 @@ class ServerConfig:
     draft_model: str | None = None
     num_draft_tokens: int = 3
     model_dirs: tuple[Path, ...] = ()
+    # The Hugging Face cache and `mlxserve pull --quantize`'s folder: listed in /v1/models
+    # and loadable on request (False: only the --model and --model-dir models are).
+    cached_models: bool = True
     allowed_origins: tuple[str, ...] = ("*",)
     # Host header names answered; None: loopback names when bound to loopback, else any
     allowed_hosts: tuple[str, ...] | None = None

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlxserve.config import ModelSettings, ServerConfig
 from mlxserve.models.capabilities import (
@@ -25,7 +25,7 @@ from mlxserve.models.capabilities import (
     is_vision_model,
     trained_context,
 )
-from mlxserve.models.demo import ensure_demo_model, is_demo_name
+from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
 from mlxserve.models.embedding import load_embedding_model
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _TOKENIZER_SLOTS = 4
+PROGRESS_BYTES = 1_000_000_000  # a load this large logs its progress,
+PROGRESS_STEPS = 4  # a quarter at a time
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,11 @@ def resolve_model_path(name: str) -> Path:
         return path.resolve()
     if _REPO_ID.match(name) and (snapshot := _hub_snapshot(name)):
         return snapshot
-    raise SystemExit(f"mlxserve: model {name!r} is neither a folder nor a reachable hub repo")
+    raise SystemExit(
+        f"mlxserve: model {name!r} is neither a folder nor a hub repo in the cache; give a "
+        "model folder, or download it first with `mlxserve pull REPO` (`mlxserve ls` lists "
+        "the models you have)."
+    )
 
 
 class ModelProvider:
@@ -128,13 +134,15 @@ class ModelProvider:
             self.served[settings.served_name] = spec
             self._settings[spec] = settings
         self.default = next(iter(self.served.values()))
-        self._model_dirs = [d.expanduser().resolve() for d in config.model_dirs]
+        converted = [converted_root()] if config.cached_models else []
+        self._model_dirs = [d.expanduser().resolve() for d in [*config.model_dirs, *converted]]
         self._tokenizers: dict[Path, Any] = {}
         self._processors: dict[Path, Any] = {}
         self._kept_lock = threading.Lock()
         self._resident: OrderedDict[ModelSpec, LoadedModel] = OrderedDict()  # LRU first
         self._resident_lock = threading.Lock()  # changed on one thread, read on all
         self._last_used: dict[ModelSpec, float] = {}
+        self._pins: dict[ModelSpec, bool] = {}  # set by admin requests, over the config
 
     # HTTP threads ---------------------------------------------------------------------
 
@@ -149,7 +157,7 @@ class ModelProvider:
             ):
                 return spec
         path = self._local_path(requested)
-        if path is None and _REPO_ID.match(requested):
+        if path is None and _REPO_ID.match(requested) and self.config.cached_models:
             path = _hub_snapshot(requested)
         if path is None or not _is_model_folder(path):
             raise not_found(
@@ -238,7 +246,7 @@ class ModelProvider:
         """A model as /v1/models lists it: `input_modalities` says whether it takes images
         (as OpenRouter's model list does), `state` whether it is in memory, `kind` and
         `context_length` (also as vLLM spells it, `max_model_len`) what a client needs to
-        use it."""
+        use it; `pinned` and `size_bytes` (its weights on disk) what the web app shows."""
         context = self.context_length(spec)
         resident = any(m.spec.path == spec.path for m in self.resident)
         return {
@@ -251,6 +259,8 @@ class ModelProvider:
             "context_length": context,
             "max_model_len": context,
             "state": "loaded" if resident else "not-loaded",
+            "pinned": self.pinned(spec),
+            "size_bytes": stored_bytes(spec),
         }
 
     def listed(self) -> dict[str, ModelSpec]:
@@ -264,7 +274,7 @@ class ModelProvider:
                 folder = config.parent.resolve()
                 if _is_inside(folder, root):  # a link out of the folder is no model of it
                     found.setdefault(str(config.parent.relative_to(root)), ModelSpec(folder))
-        for repo_id, path in _cached_hub_models():
+        for repo_id, path in cached_hub_models() if self.config.cached_models else []:
             found.setdefault(repo_id, ModelSpec(path))
         return found
 
@@ -275,7 +285,14 @@ class ModelProvider:
             return self._tokenizers.get(spec.path)
 
     def pinned(self, spec: ModelSpec) -> bool:
+        """Never unloaded for memory or idleness: --pin / a model's `pin`, unless an admin
+        request (POST /v1/models/pin) said otherwise since."""
+        if spec in self._pins:
+            return self._pins[spec]
         return bool(self.config_for(spec).pin) and spec in self.served.values()
+
+    def pin(self, spec: ModelSpec, pinned: bool) -> None:
+        self._pins[spec] = pinned
 
     # Residency (read anywhere, changed on the generation thread) -----------------------
 
@@ -319,7 +336,12 @@ class ModelProvider:
             return self._resident[spec]
         import mlx.core as mx
 
-        log.info("Loading model from %s (%s)", spec.path, spec.kind)
+        log.info(
+            "Loading model from %s (%s, %.2f GB of weights)",
+            spec.path,
+            spec.kind,
+            stored_bytes(spec) / 1e9,
+        )
         start = time.perf_counter()
         try:
             model, draft = self._load_weights(spec)
@@ -344,7 +366,6 @@ class ModelProvider:
 
     def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None]:
         """(model, draft model or None)."""
-        import mlx.core as mx
         from mlx_lm.utils import load_adapters, load_model
 
         trust = self.config.trust_remote_code
@@ -356,7 +377,7 @@ class ModelProvider:
         model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
         if self._split is not None:
             self._split(model)
-        mx.eval(model.parameters())
+        read_weights(model, spec.path.name)
         if spec.adapter_path:
             model = load_adapters(model, spec.adapter_path)
             model.eval()
@@ -368,6 +389,28 @@ def stored_bytes(spec: ModelSpec) -> int:
     """What a model's weights take on disk: about what they take in memory once loaded."""
     folders = [spec.path, *([spec.draft_path] if spec.draft_path else [])]
     return sum(f.stat().st_size for folder in folders for f in folder.glob("*.safetensors"))
+
+
+def read_weights(model: Any, name: str) -> None:
+    """Read a lazily loaded model's weights into memory a share at a time, logging the
+    progress of a large one (a load of many GB takes a while, and should say so)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    arrays: list[mx.array] = [cast(mx.array, pair[1]) for pair in tree_flatten(model.parameters())]
+    total = sum(array.nbytes for array in arrays)
+    step = max(total // PROGRESS_STEPS, 1)
+    done, group_bytes = 0, 0
+    group: list[mx.array] = []
+    for array in arrays:
+        group.append(array)
+        group_bytes += array.nbytes
+        if group_bytes >= step or array is arrays[-1]:
+            mx.eval(group)
+            done += group_bytes
+            group, group_bytes = [], 0
+            if total >= PROGRESS_BYTES and done < total:
+                log.info("Loading %s: %d%% of %.2f GB", name, 100 * done // total, total / 1e9)
 
 
 def _weight_bytes(*models: Any) -> int:
@@ -388,7 +431,12 @@ def _load_error(spec: ModelSpec, error: Exception) -> ServiceError:
     )
 
 
-def _cached_hub_models() -> list[tuple[str, Path]]:
+def converted_root() -> Path:
+    """Where `mlxserve pull --quantize` writes the models it converts."""
+    return cache_root() / "converted"
+
+
+def cached_hub_models() -> list[tuple[str, Path]]:
     """(repo id, snapshot) of MLX-loadable models in the Hugging Face cache; none if the
     cache does not exist."""
     from huggingface_hub import scan_cache_dir
