@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed bench-embedding-fairness clean
+.PHONY: install browser speech run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed bench-embedding-fairness clean
 
 install: $(VENV)/.installed
 
@@ -32,8 +32,16 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(WITH_BLAS) $(VENV)/bin/mlxserve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install browser
+test: install browser speech
 	$(WITH_BLAS) $(PY) -m pytest $(ARGS)
+
+# The audio tests speak with espeak-ng (and KittenTTS reads phonemes through it).
+speech: install
+	@if [ "$$(uname -s)" = Linux ]; then \
+		command -v espeak-ng >/dev/null 2>&1 || { \
+			echo "Installing espeak-ng (for the audio tests)..."; \
+			apt-get update -qq >/dev/null && apt-get install -y -qq espeak-ng >/dev/null; }; \
+	else command -v espeak-ng >/dev/null 2>&1 || brew install espeak-ng; fi
 
 # The web app's tests drive a headless chromium through Playwright: Debian's on Linux,
 # Playwright's own elsewhere.

@@ -269,6 +269,12 @@ def parser() -> argparse.ArgumentParser:
         help="largest image a request may send or point to",
     )
     p.add_argument(
+        "--max-audio-bytes",
+        type=positive_int,
+        default=DEFAULTS.max_audio_bytes,
+        help="largest audio file a transcription may upload",
+    )
+    p.add_argument(
         "--max-image-pixels",
         type=positive_int,
         default=DEFAULTS.max_image_pixels,
@@ -401,6 +407,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         memory_budget_gb=args.memory_budget_gb,
         image_dirs=tuple(args.image_dir),
         max_image_bytes=args.max_image_bytes,
+        max_audio_bytes=args.max_audio_bytes,
         max_image_pixels=args.max_image_pixels,
         image_fetch_timeout=args.image_fetch_timeout,
         allow_local_image_urls=args.allow_local_image_urls,

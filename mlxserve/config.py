@@ -97,6 +97,7 @@ class ServerConfig:
     memory_budget_gb: float | None = None  # weights + KV caches; None: the device's own
     image_dirs: tuple[Path, ...] = ()  # local image files may be read from these (and model_dirs)
     max_image_bytes: int = 20 * 1024 * 1024
+    max_audio_bytes: int = 25 * 1024 * 1024  # an uploaded audio file (OpenAI's limit)
     max_image_pixels: int = 2048 * 2048  # larger images are downscaled, aspect kept
     image_fetch_timeout: float = 10.0
     allow_local_image_urls: bool = False  # image URLs may name loopback and private hosts

@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import audio_fixture
 import conversations
 import embedding_fixture
 import fixture_models
 import hybrid_fixture
 import looper_fixture
 import pytest
+import rerank_fixture
 import vision_fixture
 
 from mlxserve.models.demo import cache_root
@@ -271,6 +273,41 @@ def embed_bert_model() -> Path:
     spec, make = embedding_fixture.TINY_EMBED_BERT, embedding_fixture.make_bert
     folder = cache_root() / "fixtures"
     return fixture_models.build(spec, folder, make, (Path(embedding_fixture.__file__),))
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_model() -> Path:
+    """A BERT cross-encoder (one-label sequence classification), random weights."""
+    spec, make = rerank_fixture.TINY_CROSS_ENCODER, rerank_fixture.make_cross_encoder
+    return fixture_models.build(
+        spec, cache_root() / "fixtures", make, (Path(rerank_fixture.__file__),)
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen3_reranker_model(tiny_model) -> Path:
+    """Qwen3-Reranker's layout on tiny-chat's tokenizer, random weights; its folder's name
+    says reranker, as the real ones' do."""
+    spec = rerank_fixture.TINY_QWEN3_RERANKER
+    return _from_tiny_chat(spec, rerank_fixture.make_decoder_reranker, rerank_fixture, tiny_model)
+
+
+@pytest.fixture(scope="session")
+def whisper_model() -> Path:
+    """A Whisper that has learned audio_fixture.UTTERANCES as espeak-ng speaks them."""
+    spec, make = audio_fixture.TINY_WHISPER, audio_fixture.make_whisper
+    return fixture_models.build(
+        spec, cache_root() / "fixtures", make, (Path(audio_fixture.__file__),)
+    )
+
+
+@pytest.fixture(scope="session")
+def kitten_model() -> Path:
+    """A KittenTTS with two voices, random weights."""
+    spec, make = audio_fixture.TINY_KITTEN, audio_fixture.make_kitten
+    return fixture_models.build(
+        spec, cache_root() / "fixtures", make, (Path(audio_fixture.__file__),)
+    )
 
 
 @pytest.fixture(scope="session")

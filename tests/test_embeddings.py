@@ -161,7 +161,7 @@ def test_a_chat_model_and_an_embedding_model_together(launch, tiny_model, embed_
         ("embedding", False),
     ]
     assert len([line for line in srv.log if "Loading model from" in line]) == 2
-    assert any("(embedding)" in line for line in srv.log)
+    assert any("(embedding, " in line for line in srv.log)
 
 
 def test_a_pipeline_with_other_modules_is_refused(launch, tiny_model, embed_bert_model, tmp_path):

@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlsplit
 from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
+from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
 from mlxserve.api.routes import (
     GET_PATHS,
     HEALTH_PATHS,
@@ -214,8 +215,10 @@ class APIHandler(BaseHTTPRequestHandler):
             self._unknown(path, GET_PATHS)
             return
         check_browser_post(self.headers, self.app.config.allowed_origins)
-        result = endpoint(self._read_body(), self)
-        if result is not None:
+        result = endpoint(self._read_body(self.app.routes.body_limit(path)), self)
+        if isinstance(result, RawReply):
+            self._send(200, result.data, result.content_type)
+        elif result is not None:
             self._send_json(200, result)
 
     def _unknown(self, path: str, other_method_paths: tuple[str, ...]) -> None:
@@ -241,8 +244,7 @@ class APIHandler(BaseHTTPRequestHandler):
                 ErrorKind.AUTHENTICATION, "Invalid or missing API key.", code="invalid_api_key"
             )
 
-    def _read_body(self) -> bytes:
-        limit = self.app.config.max_body_bytes
+    def _read_body(self, limit: int) -> bytes:
         framing = body_framing(self.headers)
         if framing.length > limit:
             raise self._too_large(limit)
@@ -291,16 +293,19 @@ class APIHandler(BaseHTTPRequestHandler):
             code="request_too_large",
         )
 
-    def open_stream(self) -> BufferedIOBase:
-        """Begin a server-sent event stream (the `Responder` endpoints are given)."""
+    def open_stream(self, content_type: str = SSE_CONTENT_TYPE) -> BufferedIOBase:
+        """Begin a streamed reply (the `Responder` endpoints are given)."""
         self.streaming = True
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache")
         self.send_header("X-Accel-Buffering", "no")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         return self.wfile
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
 
     def client_gone(self) -> bool:
         """Whether the client closed its end (the socket reads EOF) while we generate."""

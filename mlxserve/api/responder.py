@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from io import BufferedIOBase
 from typing import Protocol
+
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class RawReply:
+    """A whole reply that is not JSON (a transcript as text, synthesised audio)."""
+
+    content_type: str
+    data: bytes
 
 
 class Responder(Protocol):
@@ -11,7 +22,12 @@ class Responder(Protocol):
         """Whether the client has closed its end (generation for it can stop)."""
         ...
 
-    def open_stream(self) -> BufferedIOBase:
-        """Begin a server-sent event stream: its headers go out now, and from here an
-        error can no longer be an HTTP reply. Returns where the chunked body goes."""
+    def open_stream(self, content_type: str = SSE_CONTENT_TYPE) -> BufferedIOBase:
+        """Begin a streamed reply (server-sent events unless told otherwise): its headers
+        go out now, and from here an error can no longer be an HTTP reply. Returns where
+        the chunked body goes."""
+        ...
+
+    def header(self, name: str) -> str | None:
+        """A header of the request (multipart bodies name their boundary in one)."""
         ...

@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 
 from mlxserve.api.anthropic.endpoints import AnthropicEndpoints
 from mlxserve.api.anthropic.errors import error_reply as anthropic_error
+from mlxserve.api.audio.speech import SpeechEndpoints
+from mlxserve.api.audio.transcriptions import TranscriptionEndpoints
 from mlxserve.api.errors import ErrorRenderer
 from mlxserve.api.openai.embeddings import EmbeddingEndpoints
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
 from mlxserve.api.openai.tokenize import TokenizeEndpoints
-from mlxserve.api.responder import Responder
+from mlxserve.api.rerank.endpoints import RerankEndpoints
+from mlxserve.api.responder import RawReply, Responder
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
 from mlxserve.api.status import StatusEndpoint
 from mlxserve.protocol.errors import not_found
@@ -28,6 +31,12 @@ RESPONSES_PATHS = ("/v1/responses", "/responses")
 COMPACT_PATHS = ("/v1/responses/compact", "/responses/compact")
 RESPONSE_PREFIXES = ("/v1/responses/", "/responses/")  # + {id}, or {id}/input_items
 EMBEDDINGS_PATHS = ("/v1/embeddings", "/embeddings")
+TRANSCRIPTION_PATHS = ("/v1/audio/transcriptions", "/audio/transcriptions")
+TRANSLATION_PATHS = ("/v1/audio/translations", "/audio/translations")
+SPEECH_PATHS = ("/v1/audio/speech", "/audio/speech")
+UPLOAD_OVERHEAD = 64 * 1024  # a multipart form's fields beside its audio file
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
+SCORE_PATHS = ("/v1/score", "/score")
 TOKENIZE_PATHS = ("/tokenize", "/v1/tokenize")
 DETOKENIZE_PATHS = ("/detokenize", "/v1/detokenize")
 HEALTH_PATHS = ("/health", "/v1/health")
@@ -40,8 +49,9 @@ METRICS_PATHS = ("/metrics",)
 STATUS_PATHS = ("/v1/status", "/status")
 GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS + STATUS_PATHS
 
-# A POST endpoint: (request body, the connection) -> a JSON reply, or None once streamed.
-Endpoint = Callable[[bytes, Responder], dict | None]
+# A POST endpoint: (request body, the connection) -> a JSON reply, a whole reply of
+# another type, or None once streamed.
+Endpoint = Callable[[bytes, Responder], dict | RawReply | None]
 
 
 @dataclass
@@ -53,6 +63,9 @@ class Routes:
     responses: ResponsesEndpoints = field(init=False)
     tokenizer: TokenizeEndpoints = field(init=False)
     embeddings: EmbeddingEndpoints = field(init=False)
+    rerank: RerankEndpoints = field(init=False)
+    transcription: TranscriptionEndpoints = field(init=False)
+    speech: SpeechEndpoints = field(init=False)
     status: StatusEndpoint = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
 
@@ -62,6 +75,9 @@ class Routes:
         self.responses = ResponsesEndpoints(self.service)
         self.tokenizer = TokenizeEndpoints(self.service)
         self.embeddings = EmbeddingEndpoints(self.service)
+        self.rerank = RerankEndpoints(self.service)
+        self.transcription = TranscriptionEndpoints(self.service)
+        self.speech = SpeechEndpoints(self.service)
         self.status = StatusEndpoint(self.service, self.activity)
         self.post = {
             **dict.fromkeys(CHAT_PATHS, self.openai.chat),
@@ -71,12 +87,25 @@ class Routes:
             **dict.fromkeys(RESPONSES_PATHS, self.responses.create),
             **dict.fromkeys(COMPACT_PATHS, self.responses.compact),
             **dict.fromkeys(EMBEDDINGS_PATHS, self.embeddings.embeddings),
+            **dict.fromkeys(RERANK_PATHS, self.rerank.rerank),
+            **dict.fromkeys(SCORE_PATHS, self.rerank.score),
+            **dict.fromkeys(TRANSCRIPTION_PATHS, self.transcription.transcriptions),
+            **dict.fromkeys(TRANSLATION_PATHS, self.transcription.translations),
+            **dict.fromkeys(SPEECH_PATHS, self.speech.speech),
             **dict.fromkeys(LOAD_PATHS, self.openai.load_model),
             **dict.fromkeys(UNLOAD_PATHS, self.openai.unload_model),
             **dict.fromkeys(PIN_PATHS, self.openai.pin_model),
             **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
             **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }
+
+    def body_limit(self, path: str) -> int:
+        """The largest body a POST to `path` may send: an audio upload's is the audio
+        limit's (with room for the form's fields), every other the body limit."""
+        config = self.service.config
+        if path in TRANSCRIPTION_PATHS + TRANSLATION_PATHS:
+            return max(config.max_body_bytes, config.max_audio_bytes + UPLOAD_OVERHEAD)
+        return config.max_body_bytes
 
     def endpoint(self, path: str) -> str:
         """The path as a metrics label: a known path, or "other" (labels stay bounded)."""

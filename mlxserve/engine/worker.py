@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from mlxserve.protocol.errors import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 RETRY_AFTER_SECONDS = 1
@@ -55,7 +56,7 @@ GATHER_MAX_SECONDS = 0.03
 IDLE_CHECK_SECONDS = 1.0  # how often an idle thread looks for models to unload
 KV_SAMPLE_SECONDS = 0.5  # how often a running loop notes its KV bytes for the status page
 
-Session = BatchSession | StreamSession
+Session: TypeAlias = BatchSession | StreamSession
 
 
 class GenerationWorker:
@@ -391,9 +392,15 @@ class GenerationWorker:
     def load(self, spec: ModelSpec) -> LoadedModel:
         """Make `spec` resident and ready to serve (generation thread only: through
         `call`)."""
-        if not spec.embedding:
+        if spec.generative:
             self._session(spec)
         return self._resident(spec)
+
+    def run_with(self, spec: ModelSpec, fn: Callable[[Any], T]) -> T:
+        """`fn` of the resident model of a kind that runs between the loop's steps
+        (reranking, audio), loading it first if need be (generation thread only: through
+        `call`)."""
+        return fn(self._resident(spec).model)
 
     def embed(self, spec: ModelSpec, inputs: list[list[int]]) -> np.ndarray:
         """The embeddings of one batch of `inputs` in one forward pass, float32 (generation

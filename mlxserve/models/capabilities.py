@@ -75,3 +75,67 @@ def has_module(package: str, name: str) -> bool:
         return importlib.util.find_spec(f"{package}.{name}") is not None
     except (ImportError, ValueError):
         return False
+
+
+# Encoders whose sequence-classification checkpoints serve as rerankers (mlx-vlm's loader)
+CROSS_ENCODER_TYPES = ("bert", "modernbert", "xlm_roberta")
+
+
+def is_cross_encoder(path: Path) -> bool:
+    """A reranker that reads (query, document) together: an encoder checkpoint with a
+    one-label sequence-classification head (ms-marco MiniLM, bge-reranker, ...)."""
+    config = read_config(path)
+    model_type = str(config.get("model_type", "")).lower().replace("-", "_")
+    heads = [str(a) for a in config.get("architectures") or []]
+    labels = config.get("num_labels", len(config.get("id2label") or {}) or 1)
+    return (
+        model_type in CROSS_ENCODER_TYPES
+        and any(a.endswith("ForSequenceClassification") for a in heads)
+        and labels == 1
+    )
+
+
+def is_decoder_reranker(path: Path) -> bool:
+    """A Qwen3-Reranker-style model: a causal LM that answers "yes" or "no" to a
+    query-document pair. Its checkpoint is an ordinary chat model's, so only its name
+    tells it apart ("reranker" in its folder or repo name)."""
+    return is_text_model(path) and any("reranker" in part.lower() for part in path.parts[-3:])
+
+
+def is_transcription_model(path: Path) -> bool:
+    """A Whisper-family speech-to-text model (mlx-audio's Whisper): its config says
+    whisper, or has Whisper's dimensions (MLX conversions often name no model_type)."""
+    config = read_config(path)
+    model_type = str(config.get("model_type", "")).lower()
+    return model_type == "whisper" or ("n_audio_ctx" in config and "n_text_ctx" in config)
+
+
+def is_speech_model(path: Path) -> bool:
+    """A text-to-speech model of a family mlx-audio implements (and no LM mlx-lm runs)."""
+    from mlx_audio.tts.utils import MODEL_REMAPPING
+
+    model_type = str(read_config(path).get("model_type", "")).lower()
+    model_type = MODEL_REMAPPING.get(model_type, model_type)
+    return (
+        bool(model_type)
+        and has_module("mlx_audio.tts.models", model_type)
+        and not is_text_model(path)
+    )
+
+
+@lru_cache(maxsize=64)
+def model_kind(path: Path) -> str:
+    """What a model folder serves: chat, vision, embedding, rerank, transcription or
+    speech."""
+    if is_embedding_model(path):
+        return "embedding"
+    if is_cross_encoder(path) or is_decoder_reranker(path):
+        return "rerank"
+    if is_transcription_model(path):
+        return "transcription"
+    if is_speech_model(path):
+        return "speech"
+    return "vision" if is_vision_model(path) else "chat"
+
+
+GENERATIVE_KINDS = ("chat", "vision")  # the kinds served by the generation loop's sessions

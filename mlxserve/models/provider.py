@@ -18,11 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from mlxserve.audio.speech import Synthesizer
+from mlxserve.audio.transcription import Transcriber
 from mlxserve.config import ModelSettings, ServerConfig
 from mlxserve.models.capabilities import (
+    GENERATIVE_KINDS,
     is_embedding_model,
     is_text_model,
     is_vision_model,
+    model_kind,
     trained_context,
 )
 from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
@@ -30,11 +34,13 @@ from mlxserve.models.embedding import load_embedding_model
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found
+from mlxserve.rerank.model import load_reranker
 
 log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _TOKENIZER_SLOTS = 4
+AUDIO_KINDS = ("transcription", "speech")  # no text tokenizer: their models bring their own
 PROGRESS_BYTES = 1_000_000_000  # a load this large logs its progress,
 PROGRESS_STEPS = 4  # a quarter at a time
 
@@ -63,14 +69,23 @@ class ModelSpec:
 
     @property
     def kind(self) -> str:
-        return "embedding" if self.embedding else "vision" if self.vision else "chat"
+        """chat, vision, embedding, rerank, transcription or speech (see model_kind)."""
+        return model_kind(self.path)
+
+    @property
+    def generative(self) -> bool:
+        """Served by the generation loop's sessions (text out, a token at a time); the
+        other kinds run as calls between the loop's steps."""
+        return self.kind in GENERATIVE_KINDS
 
 
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    model: Any  # an mlx-lm model; an mlx-vlm one when spec.vision; an EmbeddingModel
-    tokenizer: Any
+    # an mlx-lm model; an mlx-vlm one when spec.vision; else the kind's own wrapper
+    # (EmbeddingModel, a reranker, Transcriber, Synthesizer)
+    model: Any
+    tokenizer: Any  # None for the audio kinds
     draft_model: Any | None
     nbytes: int = 0  # the weights' memory, the draft model's included
 
@@ -345,7 +360,7 @@ class ModelProvider:
         start = time.perf_counter()
         try:
             model, draft = self._load_weights(spec)
-            tokenizer = self.tokenizer(spec)
+            tokenizer = self.tokenizer(spec) if spec.kind not in AUDIO_KINDS else None
         except ServiceError:
             raise
         except Exception as e:
@@ -372,6 +387,12 @@ class ModelProvider:
         if spec.embedding:
             pad_id = self.tokenizer(spec).pad_token_id or 0
             return load_embedding_model(spec.path, pad_id, trust), None
+        if spec.kind == "rerank":
+            return load_reranker(spec.path, self.tokenizer(spec), trust), None
+        if spec.kind == "transcription":
+            return Transcriber.load(spec.path), None
+        if spec.kind == "speech":
+            return Synthesizer.load(spec.path), None
         if spec.vision:
             return load_vision_model(spec.path, spec.adapter_path), None
         model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
@@ -460,4 +481,9 @@ def cached_hub_models() -> list[tuple[str, Path]]:
 
 
 def _loadable(path: Path) -> bool:
-    return is_text_model(path) or is_vision_model(path) or is_embedding_model(path)
+    return (
+        is_text_model(path)
+        or is_vision_model(path)
+        or is_embedding_model(path)
+        or model_kind(path) != "chat"
+    )

@@ -41,6 +41,14 @@ from mlxserve.structured.matcher import Grammar
 from mlxserve.structured.requests import chat_grammar, completion_grammar
 from mlxserve.telemetry.record import current_request
 
+# Where a model that does not generate text is served, for the error that says so
+ENDPOINT_OF_KIND = {
+    "embedding": "/v1/embeddings",
+    "rerank": "/v1/rerank",
+    "transcription": "/v1/audio/transcriptions",
+    "speech": "/v1/audio/speech",
+}
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -157,7 +165,7 @@ class ChatService:
         """`tools`: every generative model takes them (injected into the prompt where its
         template has none). `reasoning`: whether its replies carry reasoning, read from
         its tokenizer; null for a model whose tokenizer has not been loaded yet."""
-        if spec.embedding:
+        if not spec.generative:
             return {"tools": False, "reasoning": False}
         served = spec in self.provider.served.values()
         provider = self.provider
@@ -279,14 +287,15 @@ class ChatService:
     def embed(
         self, request: EmbeddingRequest, client_gone: Callable[[], bool] = lambda: False
     ) -> tuple[ModelSpec, Embeddings]:
-        spec, tokenizer = self.model(request.model)
+        spec = self.resolve(request.model)
         if not spec.embedding:
             raise bad_request(
-                f"The model '{self.provider.name(spec)}' generates text; it does not compute "
-                "embeddings.",
+                f"The model '{self.provider.name(spec)}' is a {spec.kind} model; it does not "
+                "compute embeddings.",
                 param="model",
                 code="model_not_embedding",
             )
+        tokenizer = self.provider.tokenizer(spec)
         for i, given in enumerate(request.inputs):
             if isinstance(given, str):
                 self._check_text(spec, tokenizer, len(given), f"{request.inputs_param}[{i}]")
@@ -299,23 +308,30 @@ class ChatService:
     def generator(self, requested: str | None):
         """The spec and tokenizer of a model that generates (a 400 for an embedding
         model)."""
-        spec, tokenizer = self.model(requested)
-        if spec.embedding:
+        spec = self.resolve(requested)
+        if not spec.generative:
             raise bad_request(
-                f"The model '{requested}' computes embeddings only; send it to /v1/embeddings.",
+                f"The model '{requested}' is a {spec.kind} model; send it to "
+                f"{ENDPOINT_OF_KIND[spec.kind]}.",
                 param="model",
                 code="model_not_generative",
             )
-        return spec, tokenizer
+        return spec, self.provider.tokenizer(spec)
 
     def model(self, requested: str | None):
         """The spec and tokenizer of the model a request names (404 if not servable)."""
+        spec = self.resolve(requested)
+        return spec, self.provider.tokenizer(spec)
+
+    def resolve(self, requested: str | None) -> ModelSpec:
+        """The spec of the model a request names (404 if not servable), noted in the
+        request's record."""
         if not self.worker.alive:
             raise unavailable("The generation thread is not running.")
         spec = self.provider.resolve(requested)
         if (record := current_request()) is not None:
             record.model = self.provider.name(spec)
-        return spec, self.provider.tokenizer(spec)
+        return spec
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
         """The request without its oldest turns (each up to a user message; system turns

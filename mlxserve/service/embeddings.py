@@ -3,7 +3,6 @@ limit, embedded on the generation thread in bounded pieces, cut to `dimensions`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -13,8 +12,9 @@ import numpy as np
 from mlxserve.chat.templates import check_token_ids
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
-from mlxserve.protocol.errors import ClientGone, bad_request
+from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import EmbeddingRequest
+from mlxserve.service.sharing import shared_call
 
 EMBED_BATCH = 32  # the most inputs embedded in one forward pass
 
@@ -58,20 +58,12 @@ def embed(
     chunk: int,
     client_gone: Callable[[], bool],
 ) -> np.ndarray:
-    """The inputs' vectors, a bounded piece of work per call on the generation thread: a
-    batch of short inputs (see `batches`), or a `chunk` of a long one where the model
-    takes an input in parts. While chat streams decode, the next piece waits as long as
-    the last one took, so that an embedding request takes at most half of the thread from
-    them; a client that has gone stops the work at the next piece."""
+    """The inputs' vectors, a bounded piece of work per call on the generation thread
+    (see sharing.py): a batch of short inputs (see `batches`), or a `chunk` of a long one
+    where the model takes an input in parts."""
 
     def piece(fn):
-        if client_gone():
-            raise ClientGone
-        started = time.monotonic()
-        result = worker.call(fn)
-        if worker.running:  # chat streams decode: they get as long as this piece took
-            time.sleep(time.monotonic() - started)
-        return result
+        return shared_call(worker, fn, client_gone)
 
     in_parts = worker.call(partial(worker.embeds_in_parts, spec))
     long = {i for i, ids in enumerate(inputs) if in_parts and len(ids) > chunk}

@@ -1,0 +1,1 @@
+"""OpenAI's audio endpoints: transcriptions, translations and speech."""

@@ -1,0 +1,1 @@
+"""Rerank in Cohere's and Jina's shape, and score in vLLM's."""

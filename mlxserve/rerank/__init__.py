@@ -1,0 +1,1 @@
+"""Rerankers: a relevance score for each (query, document) pair."""
