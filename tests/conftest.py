@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -58,6 +59,16 @@ class Server:
 
     def delete(self, path: str, timeout: float = 30):
         return _send(urllib.request.Request(self.url + path, method="DELETE"), timeout)
+
+    def log_lines(self, text: str, timeout: float = 10) -> list[str]:
+        """The log's lines holding `text`, once there is one (the log is read on another
+        thread: a line can trail the reply it is about)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [line for line in self.log if text in line]
+            if lines or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.02)
 
     def stop(self) -> None:
         if self.group:

@@ -108,11 +108,12 @@ def test_cache_hits_are_reported_and_a_divergence_is_shown(server):
 
     ask("k7f3q")
     headers, usage = ask("p2m8w")
+    # its access line (the last it writes) is in the log, and its other lines with it
+    access = server.log_lines(f'[{headers["X-Request-Id"]}] "POST /v1/chat/completions"')
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     assert headers["X-Prompt-Cache-Hit"] == f"{cached}/{usage['prompt_tokens']}"
     assert 0 < cached < usage["prompt_tokens"] // 2  # the second half was processed again
     lines = [line for line in server.log if "leaves a cached one at token" in line]
     assert lines and f"at token {cached} of {usage['prompt_tokens']}" in lines[-1], lines
     assert "Session:" in lines[-1].split(">>>")[0] and "p2m8w" in lines[-1].split(">>>")[1]
-    access = [line for line in server.log if '"POST /v1/chat/completions" 200' in line]
     assert f"prompt={usage['prompt_tokens']} cached={cached} " in access[-1]
