@@ -57,8 +57,8 @@ def embedding_folder(chat: Path) -> Path:
     return out
 
 
-def start(chat: Path, embed: Path, source: Path | None) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "mlxserve", "--model", str(chat), "--model", str(embed)]
+def start(chat: Path, other: Path, source: Path | None) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "mlxserve", "--model", str(chat), "--model", str(other)]
     command += ["--port", "0", "--speculation", "off"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(

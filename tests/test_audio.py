@@ -19,6 +19,7 @@ from conftest import start_server
 from mlxserve.audio.codec import decode
 from mlxserve.audio.service import SPEECH_SEED
 from mlxserve.audio.speech import SpeechRequest, Synthesizer
+from mlxserve.audio.transcription import SteppedWindow, Transcriber, TranscriptionOptions
 
 
 @pytest.fixture(scope="module")
@@ -167,27 +168,42 @@ def test_translation_to_english(client, whisper_model):
     assert result.text == UTTERANCES[3]
 
 
-def test_a_long_recording_is_transcribed_a_window_at_a_time(server, whisper_model):
-    """Twelve utterances, 2.5 s apart (about 50 s): two windows, in order."""
+@pytest.fixture(scope="module")
+def long_recording() -> bytes:
+    """Twelve utterances, 2.5 s apart (about 50 s), as a wav file."""
+    from mlxserve.audio.codec import encode
+
     gap = np.zeros(40_000, np.float32)
     pieces = [decode(speak(UTTERANCES[i % 4]), 16_000) for i in range(12)]
     audio = np.concatenate([np.concatenate([p, gap]) for p in pieces])
-    wav = io.BytesIO()
-    with av.open(wav, mode="w", format="wav") as c:
-        stream = c.add_stream("pcm_s16le", rate=16_000, layout="mono")
-        frame = av.AudioFrame.from_ndarray(
-            (audio * 32767).astype(np.int16)[None], format="s16", layout="mono"
-        )
-        frame.sample_rate = 16_000
-        for packet in [*stream.encode(frame), *stream.encode(None)]:
-            c.mux(packet)
+    return b"".join(encode([audio], 16_000, "wav"))
+
+
+def test_a_long_recording_is_transcribed_a_window_at_a_time(server, whisper_model, long_recording):
+    """Two windows, in order."""
     fields = {"model": str(whisper_model), "response_format": "verbose_json"}
-    status, _, body = upload(server, "/v1/audio/transcriptions", fields, wav.getvalue())
+    status, _, body = upload(server, "/v1/audio/transcriptions", fields, long_recording)
     assert status == 200, body
     reply = json.loads(body)
     assert reply["duration"] > 45
     starts = [s["start"] for s in reply["segments"]]
     assert starts == sorted(starts) and starts[0] == 0.0 and starts[-1] >= 30
+
+
+def test_a_window_is_a_forward_pass_per_step(whisper_model):
+    """What lets chat streams step between a transcription's passes: run as the server
+    runs it, a window pauses before each encoder block and each decoder step (at least one
+    per token of its transcript), and gives the transcript it gives in one go."""
+    transcriber = Transcriber.load(whisper_model)
+    audio = decode(speak(UTTERANCES[1]), 16_000)
+    whole = transcriber.window(audio, 0, TranscriptionOptions(), "")
+    stepped = SteppedWindow(transcriber, audio, 0, TranscriptionOptions(), "")
+    steps = 1
+    while (window := stepped.step()) is None:
+        steps += 1
+    assert window.text == whole.text == " " + UTTERANCES[1]
+    blocks = json.loads((whisper_model / "config.json").read_text())["n_audio_layer"]
+    assert steps >= blocks + len(whole.segments[0].tokens)
 
 
 @pytest.mark.parametrize(

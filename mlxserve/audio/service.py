@@ -1,5 +1,5 @@
 """Audio work on the generation thread, a bounded piece at a time (see
-service/sharing.py): a transcription's 30-second windows, a synthesis's parts."""
+service/sharing.py): a transcription's forward passes, a synthesis's parts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from typing import Any
 import numpy as np
 
 from mlxserve.audio.speech import SpeechRequest, Synthesizer
-from mlxserve.audio.transcription import SAMPLE_RATE, Transcriber, TranscriptionOptions, Window
+from mlxserve.audio.transcription import (
+    SAMPLE_RATE,
+    SteppedWindow,
+    Transcriber,
+    TranscriptionOptions,
+    Window,
+)
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
@@ -36,15 +42,22 @@ def transcribe(
             raise bad_request("This model transcribes English only.", "language")
     start, previous = 0, ""
     while start < len(audio):
-        run = partial(_window, audio, start, options, previous)
-        window: Window = shared_call(worker, partial(worker.run_with, spec, run), client_gone)
+        begin = partial(_begin, audio, start, options, previous)
+        stepped = shared_call(worker, partial(worker.run_with, spec, begin), client_gone)
+        window = None
+        try:
+            while window is None:
+                window = shared_call(worker, stepped.step, client_gone)
+        finally:
+            if window is None:  # the client left mid-window
+                worker.call(stepped.close)
         yield window
         previous += window.text
         start = max(window.end, start + SAMPLE_RATE)  # always onwards
 
 
-def _window(audio, start, options, previous, model: Transcriber) -> Window:
-    return model.window(audio, start, options, previous)
+def _begin(audio, start, options, previous, model: Transcriber) -> SteppedWindow:
+    return SteppedWindow(model, audio, start, options, previous)
 
 
 def _next_part(parts: Iterator[Any]) -> np.ndarray | None:

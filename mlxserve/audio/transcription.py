@@ -1,10 +1,15 @@
 """Speech to text with Whisper-family models (mlx-audio's Whisper), a 30-second window
-at a time: each window is one piece of work on the generation thread (chat streams step
-between them), and long audio never holds more than its samples and one window's
-features."""
+at a time, so that long audio never holds more than its samples and one window's
+features.
+
+A window runs as a coroutine (a greenlet) on the generation thread: it pauses before each
+encoder block's and each decoder step's forward pass, so that the generation loop runs a
+window a pass at a time, between its chat steps, rather than all at once. The greenlet never
+leaves the generation thread, the only one that touches MLX."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +72,7 @@ class Transcriber:
 
     def __init__(self, model: Any):
         self.model = model
+        _pause_before_passes(model)
 
     def parameters(self) -> dict:
         """The weights (what residency counts)."""
@@ -74,9 +80,17 @@ class Transcriber:
 
     @classmethod
     def load(cls, path: Path) -> Transcriber:
+        """mlx-audio builds Whisper in float16: fast on a GPU, but on a CPU (MLX's CPU
+        backend has no fast half-precision matmul) an encoder block takes seconds, so
+        there it runs in float32."""
+        import mlx.core as mx
         from mlx_audio.stt.utils import load_model
 
-        return cls(load_model(path))
+        model = load_model(path)
+        if mx.default_device() == mx.cpu:
+            model.set_dtype(mx.float32)
+            model.dtype = mx.float32  # what it casts each window's features to
+        return cls(model)
 
     @property
     def multilingual(self) -> bool:
@@ -88,6 +102,8 @@ class Transcriber:
         """Transcribe the window of `audio` that begins at sample `start`. Unless it is the
         last, a final segment that runs into the window's end is left to the next window,
         which then begins where it began."""
+        import mlx.core as mx
+
         stop = min(start + WINDOW_SECONDS * SAMPLE_RATE, len(audio))
         temperature = options.temperature or FALLBACK_TEMPERATURES
         prompt = " ".join(p for p in (options.prompt, previous[-PROMPT_CHARS:]) if p) or None
@@ -99,6 +115,7 @@ class Transcriber:
             initial_prompt=prompt,
             word_timestamps=options.words,
             verbose=None,
+            fp16=self.model.dtype == mx.float16,
         )
         offset = start / SAMPLE_RATE
         segments = [_segment(s, offset) for s in result.segments or []]
@@ -107,6 +124,58 @@ class Transcriber:
         if stop < len(audio) and len(segments) > 1 and segments[-1].end > window_end - CUT_MARGIN:
             end = int(segments.pop().start * SAMPLE_RATE)
         return Window(segments, str(result.language or options.language or "en"), end)
+
+
+class SteppedWindow:
+    """One window's transcription, a forward pass per `step` (generation thread only)."""
+
+    def __init__(self, transcriber: Transcriber, *args: Any):
+        from greenlet import greenlet
+
+        self._run = greenlet(lambda: transcriber.window(*args))
+        self._run.stepping = True  # type: ignore[attr-defined]  # what _pause looks for
+
+    def step(self) -> Window | None:
+        """Run to the next forward pass; the window once it is transcribed."""
+        result = self._run.switch()
+        return result if self._run.dead else None
+
+    def close(self) -> None:
+        """Abandon the window (its client left)."""
+        if not self._run.dead:
+            self._run.throw()
+
+
+def _pause() -> None:
+    """Inside a SteppedWindow: hand the generation thread back until the next step."""
+    from greenlet import getcurrent
+
+    current = getcurrent()
+    if getattr(current, "stepping", False) and current.parent is not None:
+        current.parent.switch()
+
+
+def _pause_before_passes(model: Any) -> None:
+    """Make each block of the encoder, and the decoder, pause before its forward pass and
+    compute its output before it returns (MLX is lazy: else the work would pile up into
+    the next piece). Their classes are swapped, for this model only, for subclasses."""
+    for module in (*model.encoder.blocks, model.decoder):
+        base = type(module)
+        module.__class__ = type(f"Pausing{base.__name__}", (base,), {"__call__": _pausing(base)})
+
+
+def _pausing(base: type) -> Callable[..., Any]:
+    def call(self, *args, **kwargs):
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        _pause()
+        out = base.__call__(self, *args, **kwargs)
+        arrays = [pair[1] for pair in tree_flatten(out) if isinstance(pair[1], mx.array)]
+        mx.eval(arrays)
+        return out
+
+    return call
 
 
 def _segment(raw: dict, offset: float) -> Segment:
