@@ -334,3 +334,13 @@ def test_models_lists_the_audio_kinds(server, whisper_model, kitten_model):
     kinds = {m["id"]: m["kind"] for m in reply["data"]}
     assert kinds[str(whisper_model)] == "transcription"
     assert kinds[str(kitten_model)] == "speech"
+
+
+def test_audio_models_unload_and_load_like_the_others(server, client, whisper_model):
+    name = str(whisper_model)
+    status, _, reply = server.post("/v1/models/unload", {"model": name})
+    assert status == 200 and reply["state"] == "not-loaded", reply
+    text = client.audio.transcriptions.create(model=name, file=("a.wav", speak(UTTERANCES[0])))
+    assert text.text == UTTERANCES[0]  # loaded again on demand
+    status, _, reply = server.post("/v1/models/load", {"model": name})
+    assert status == 200 and reply["state"] == "loaded", reply

@@ -139,3 +139,15 @@ def test_models_lists_the_rerankers_kind(server, cross_encoder_model, qwen3_rera
     kinds = {m["id"]: m["kind"] for m in reply["data"]}
     assert kinds[str(cross_encoder_model)] == "rerank"
     assert kinds[str(qwen3_reranker_model)] == "rerank"
+
+
+def test_rerankers_unload_and_load_like_the_others(server, cross_encoder_model):
+    name = str(cross_encoder_model)
+    status, _, reply = server.post("/v1/models/unload", {"model": name})
+    assert status == 200 and reply["state"] == "not-loaded", reply
+    status, _, reply = server.post(
+        "/v1/rerank", {"model": name, "query": QUERY, "documents": ["a"]}
+    )
+    assert status == 200 and len(reply["results"]) == 1  # loaded again on demand
+    _, _, listed = server.get("/v1/models")
+    assert {m["id"]: m["state"] for m in listed["data"]}[name] == "loaded"
