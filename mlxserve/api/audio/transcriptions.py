@@ -5,6 +5,7 @@ transcript.text.delta events."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mlxserve.api.multipart import Form, parse_form
@@ -124,14 +125,23 @@ class TranscriptionEndpoints:
             )
         audio = decode(form.audio, SAMPLE_RATE)
         seconds = len(audio) / SAMPLE_RATE
-        windows = transcribe(service.worker, spec, audio, form.options, responder.client_gone)
+        windows = _counted(
+            transcribe(service.worker, spec, audio, form.options, responder.client_gone)
+        )
         if form.stream:
             _stream(responder, windows, seconds)
             return None
-        done = list(windows)
-        if (record := current_request()) is not None:
-            record.add_usage(sum(len(s.tokens) for w in done for s in w.segments), 0, 0)
-        return _reply(form, done, seconds)
+        return _reply(form, list(windows), seconds)
+
+
+def _counted(windows: Iterator[Window]) -> Iterator[Window]:
+    """The windows, each one's transcript tokens counted in the request's record (the
+    access log and metrics: as completion tokens)."""
+    record = current_request()
+    for window in windows:
+        if record is not None:
+            record.add_usage(0, 0, sum(len(s.tokens) for s in window.segments))
+        yield window
 
 
 def _usage(seconds: float) -> dict:
