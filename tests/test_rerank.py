@@ -151,3 +151,32 @@ def test_rerankers_unload_and_load_like_the_others(server, cross_encoder_model):
     assert status == 200 and len(reply["results"]) == 1  # loaded again on demand
     _, _, listed = server.get("/v1/models")
     assert {m["id"]: m["state"] for m in listed["data"]}[name] == "loaded"
+
+
+@pytest.mark.parametrize(
+    "provider, path",
+    [("cohere", "/v2/rerank"), ("hosted_vllm", "/rerank"), ("jina_ai", "/v1/rerank")],
+)
+def test_litellms_rerank_through_each_provider(
+    server, cross_encoder_model, provider, path, monkeypatch
+):
+    """LiteLLM's rerank() as Dify and others call it, through each provider prefix that
+    posts to a rerank path of ours (each a different one)."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from GitHub
+    import litellm
+
+    expected = alone(cross_encoder_model, QUERY, DOCUMENTS)
+    reply = litellm.rerank(
+        model=f"{provider}/{cross_encoder_model}",
+        query=QUERY,
+        documents=DOCUMENTS,
+        top_n=2,
+        api_base=server.url,
+        api_key="none",
+    )
+    order = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])[:2]
+    assert [r["index"] for r in reply.results] == order
+    assert [r["relevance_score"] for r in reply.results] == pytest.approx(
+        [expected[i] for i in order], abs=1e-4
+    )
+    assert server.log_lines(f'"POST {path}" 200')
