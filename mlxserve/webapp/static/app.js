@@ -108,8 +108,10 @@ async function refresh() {
 
 // ---------------------------------------------------------------------------- chat
 
+const CHAT_KINDS = ["chat", "vision"]; // the kinds that answer /v1/chat/completions
+
 function chatModels() {
-  return state.models.filter((m) => m.kind !== "embedding");
+  return state.models.filter((m) => CHAT_KINDS.includes(m.kind));
 }
 
 function renderModelPicker(defaultModel) {
