@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import statistics
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ import uuid
 from pathlib import Path
 
 import models
-from embedding_fairness import ROUNDS, WORDS, post, start, stream_gaps
+from embedding_fairness import compare, start
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures"))
 import audio_fixture
@@ -104,35 +103,13 @@ def main() -> None:
             ended.wait()
             connection.close()  # the server stops the request at its next piece
 
-        def prefill(ended: threading.Event) -> None:
-            message = {"role": "user", "content": WORDS * 160 + str(time.time())}
-            post(
-                url,
-                "/v1/chat/completions",
-                {"model": str(chat), "messages": [message], "max_tokens": 1},
-            )
-
         started = time.perf_counter()
         connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=900)
         connection.request("POST", "/v1/audio/transcriptions", body, headers)
         connection.getresponse().read()  # warm-up, and the time the minute takes alone
         alone = time.perf_counter() - started
-        results = {}
-        cases = (
-            ("alone", None),
-            ("2,000-token prefill", prefill),
-            ("60 s transcription", transcription),
-        )
-        for name, during in cases:
-            rounds = [stream_gaps(url, str(chat), during) for _ in range(ROUNDS)]
-            results[name] = tuple(statistics.median(r[k] for r in rounds) for k in (0, 1))
-            time.sleep(2)  # a dropped request's last piece ends
         print(f"the 60 s recording alone: transcribed in {alone:.1f} s")
-        print(f"a stream of {chat.name} (median of {ROUNDS}): longest gap, tokens per second")
-        for name, (gap, speed) in results.items():
-            print(f"  {name:22s} {gap * 1000:8.0f} ms  {speed:6.1f} tok/s")
-        ratio = results["60 s transcription"][0] / results["2,000-token prefill"][0]
-        print(f"  longest gap, transcription / prefill stall: {ratio:.2f}x")
+        compare(url, chat, "60 s transcription", transcription)
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -108,6 +108,28 @@ def stream_gaps(url: str, chat: str, during) -> tuple[float, float]:
     return gap, (len(measured) - 1) / (measured[-1] - measured[0])
 
 
+def compare(url: str, chat: Path, beside_name: str, beside) -> None:
+    """Print a stream's longest gap and speed (median of ROUNDS) alone, beside another
+    chat request's 2,000-token prefill, and beside `beside`, which drops its request when
+    the stream ends; then the ratio of `beside`'s stall to the prefill's."""
+
+    def prefill(ended: threading.Event) -> None:
+        message = {"role": "user", "content": WORDS * 160 + str(time.time())}  # ~2,000 tokens
+        body = {"model": str(chat), "messages": [message], "max_tokens": 1}
+        post(url, "/v1/chat/completions", body)
+
+    results = {}
+    for name, during in (("alone", None), ("2,000-token prefill", prefill), (beside_name, beside)):
+        rounds = [stream_gaps(url, str(chat), during) for _ in range(ROUNDS)]
+        results[name] = tuple(statistics.median(r[k] for r in rounds) for k in (0, 1))
+        time.sleep(2)  # a dropped request's last piece ends
+    print(f"a stream of {chat.name} (median of {ROUNDS}): longest gap, tokens per second")
+    for name, (gap, speed) in results.items():
+        print(f"  {name:22s} {gap * 1000:8.0f} ms  {speed:6.1f} tok/s")
+    ratio = results[beside_name][0] / results["2,000-token prefill"][0]
+    print(f"  longest gap, {beside_name} / prefill stall: {ratio:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--source", type=Path, help="another mlxserve checkout to run")
@@ -116,13 +138,7 @@ def main() -> None:
     embed = embedding_folder(chat)
     process, url = start(chat, embed, args.source)
     try:
-        long_prompt = WORDS * 160  # about 2,000 tokens
         inputs = [WORDS * 75] * 64  # 64 inputs of about 950 tokens
-
-        def prefill(ended: threading.Event) -> None:
-            message = {"role": "user", "content": long_prompt + str(time.time())}
-            body = {"model": str(chat), "messages": [message], "max_tokens": 1}
-            post(url, "/v1/chat/completions", body)
 
         def embedding(ended: threading.Event) -> None:
             host = url.removeprefix("http://")
@@ -133,21 +149,7 @@ def main() -> None:
             connection.close()  # the server stops the request at its next batch
 
         post(url, "/v1/embeddings", {"model": str(embed), "input": inputs[:2]})  # warm-up
-        results = {}
-        cases = (
-            ("alone", None),
-            ("2,000-token prefill", prefill),
-            ("64 x 950 embeddings", embedding),
-        )
-        for name, during in cases:
-            rounds = [stream_gaps(url, str(chat), during) for _ in range(ROUNDS)]
-            results[name] = tuple(statistics.median(r[k] for r in rounds) for k in (0, 1))
-            time.sleep(2)  # a dropped request's last batch ends
-        print(f"a stream of {chat.name} (median of {ROUNDS}): longest gap, tokens per second")
-        for name, (gap, speed) in results.items():
-            print(f"  {name:22s} {gap * 1000:8.0f} ms  {speed:6.1f} tok/s")
-        ratio = results["64 x 950 embeddings"][0] / results["2,000-token prefill"][0]
-        print(f"  longest gap, embeddings / prefill stall: {ratio:.2f}x")
+        compare(url, chat, "64 x 950 embeddings", embedding)
     finally:
         process.terminate()
         process.wait(timeout=30)

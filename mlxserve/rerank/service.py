@@ -33,15 +33,6 @@ class Scores:
     tokens: int  # the tokens of every pair read
 
 
-def check_servable(spec: ModelSpec, name: str) -> None:
-    if spec.kind != "rerank":
-        raise bad_request(
-            f"The model '{name}' is a {spec.kind} model, not a reranker.",
-            param="model",
-            code="model_not_reranker",
-        )
-
-
 def score(
     worker: GenerationWorker,
     spec: ModelSpec,

@@ -287,14 +287,9 @@ class ChatService:
     def embed(
         self, request: EmbeddingRequest, client_gone: Callable[[], bool] = lambda: False
     ) -> tuple[ModelSpec, Embeddings]:
-        spec = self.resolve(request.model)
-        if not spec.embedding:
-            raise bad_request(
-                f"The model '{self.provider.name(spec)}' is a {spec.kind} model; it does not "
-                "compute embeddings.",
-                param="model",
-                code="model_not_embedding",
-            )
+        spec = self.resolve_kind(
+            request.model, "embedding", "it does not compute embeddings", "model_not_embedding"
+        )
         tokenizer = self.provider.tokenizer(spec)
         for i, given in enumerate(request.inputs):
             if isinstance(given, str):
@@ -322,6 +317,17 @@ class ChatService:
         """The spec and tokenizer of the model a request names (404 if not servable)."""
         spec = self.resolve(requested)
         return spec, self.provider.tokenizer(spec)
+
+    def resolve_kind(self, requested: str | None, kind: str, refusal: str, code: str) -> ModelSpec:
+        """The spec of the model a request names, which must be of `kind`: else a 400
+        that says what it is and `refusal` (what it does not do)."""
+        spec = self.resolve(requested)
+        if spec.kind != kind:
+            name = requested or self.provider.name(spec)
+            raise bad_request(
+                f"The model '{name}' is a {spec.kind} model; {refusal}.", "model", code
+            )
+        return spec
 
     def resolve(self, requested: str | None) -> ModelSpec:
         """The spec of the model a request names (404 if not servable), noted in the

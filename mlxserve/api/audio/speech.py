@@ -17,7 +17,7 @@ from mlxserve.api.wire import Strict, parse
 from mlxserve.audio.codec import OUTPUT_FORMATS, encode
 from mlxserve.audio.service import synthesize
 from mlxserve.audio.speech import SpeechRequest
-from mlxserve.protocol.errors import ClientGone, bad_request
+from mlxserve.protocol.errors import ClientGone
 from mlxserve.service.chat import ChatService
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit
@@ -40,14 +40,9 @@ class SpeechEndpoints:
     def speech(self, raw: bytes, responder: Responder) -> RawReply | None:
         wire = parse(SpeechBody, raw)
         service = self.service
-        spec = service.resolve(wire.model)
-        if spec.kind != "speech":
-            raise bad_request(
-                f"The model '{wire.model or service.provider.name(spec)}' is a {spec.kind} "
-                "model; it does not synthesise speech.",
-                "model",
-                "model_not_speech",
-            )
+        spec = service.resolve_kind(
+            wire.model, "speech", "it does not synthesise speech", "model_not_speech"
+        )
         request = SpeechRequest(wire.model, wire.input.strip(), wire.voice, wire.speed)
         rate, audio = synthesize(service.worker, spec, request, responder.client_gone)
         encoded = encode(audio, rate, wire.response_format)

@@ -115,14 +115,9 @@ class TranscriptionEndpoints:
         form = read_form(
             parse_form(responder.header("Content-Type"), raw), task, service.config.max_audio_bytes
         )
-        spec = service.resolve(form.model)
-        if spec.kind != "transcription":
-            raise bad_request(
-                f"The model '{form.model or service.provider.name(spec)}' is a {spec.kind} "
-                "model; it does not transcribe speech.",
-                "model",
-                "model_not_transcription",
-            )
+        spec = service.resolve_kind(
+            form.model, "transcription", "it does not transcribe speech", "model_not_transcription"
+        )
         audio = decode(form.audio, SAMPLE_RATE)
         seconds = len(audio) / SAMPLE_RATE
         windows = _counted(
