@@ -14,12 +14,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxserve.models.capabilities import is_embedding_model, is_text_model, is_vision_model
+from mlxserve.models.capabilities import is_text_model, model_kind
 from mlxserve.models.provider import cached_hub_models, converted_root
 
 # What MLX serving reads from a repo: weights, configs, tokenizers, chat templates, code
-# for trust_remote_code. PyTorch and GGUF weights beside them are left on the hub.
+# for trust_remote_code, a speech model's voices (KittenTTS's voices.npz). PyTorch and
+# GGUF weights beside them are left on the hub.
 MODEL_FILES = ["*.json", "*.safetensors", "*.py", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+MODEL_FILES += ["*.npz"]
 QUANTIZE_BITS = (4, 8)
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -32,11 +34,9 @@ class LocalModel:
 
     @property
     def kind(self) -> str:
-        if is_embedding_model(self.path):
-            return "embedding"
-        if is_vision_model(self.path):
-            return "vision"
-        return "chat" if is_text_model(self.path) else "other"
+        """As /v1/models says it; "other" for a folder no library here loads."""
+        kind = model_kind(self.path)
+        return kind if kind != "chat" or is_text_model(self.path) else "other"
 
     @property
     def size(self) -> int:
