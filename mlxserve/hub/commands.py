@@ -20,8 +20,16 @@ from mlxserve.models.provider import cached_hub_models, converted_root
 # What MLX serving reads from a repo: weights, configs, tokenizers, chat templates, code
 # for trust_remote_code, a speech model's voices (KittenTTS's voices.npz). PyTorch and
 # GGUF weights beside them are left on the hub.
-MODEL_FILES = ["*.json", "*.safetensors", "*.py", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
-MODEL_FILES += ["*.npz"]
+MODEL_FILES = [
+    "*.json",
+    "*.safetensors",
+    "*.py",
+    "*.model",
+    "*.tiktoken",
+    "*.txt",
+    "*.jinja",
+    "*.npz",
+]
 QUANTIZE_BITS = (4, 8)
 DEFAULT_URL = "http://127.0.0.1:8080"
 
