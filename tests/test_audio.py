@@ -322,6 +322,7 @@ def test_voices_unknown_openai_and_bad_input(server, kitten_model):
         assert len(r.read()) > 0  # OpenAI's default voice: the model's first
     for bad, param in [
         ({"voice": KITTEN_VOICES[0], "input": ""}, "input"),
+        ({"voice": KITTEN_VOICES[0], "input": "  \n "}, "input"),
         ({"voice": KITTEN_VOICES[0], "speed": 9}, "speed"),
         ({"voice": KITTEN_VOICES[0], "response_format": "ogg"}, "response_format"),
     ]:

@@ -5,6 +5,7 @@ synthesised (stream_format "audio"), or speech.audio.delta events (stream_format
 from __future__ import annotations
 
 import base64
+import itertools
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -17,7 +18,7 @@ from mlxserve.api.wire import Strict, parse
 from mlxserve.audio.codec import OUTPUT_FORMATS, encode
 from mlxserve.audio.service import synthesize
 from mlxserve.audio.speech import SpeechRequest
-from mlxserve.protocol.errors import ClientGone
+from mlxserve.protocol.errors import ClientGone, bad_request
 from mlxserve.service.chat import ChatService
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit
@@ -43,6 +44,8 @@ class SpeechEndpoints:
         spec = service.resolve_kind(
             wire.model, "speech", "it does not synthesise speech", "model_not_speech"
         )
+        if not wire.input.strip():
+            raise bad_request("input must hold text to speak.", "input")
         request = SpeechRequest(wire.model, wire.input.strip(), wire.voice, wire.speed)
         rate, audio = synthesize(service.worker, spec, request, responder.client_gone)
         encoded = encode(audio, rate, wire.response_format)
@@ -62,7 +65,7 @@ def _chunks(responder: Responder, encoded, content_type: str) -> None:
     first = next(encoded)  # the first part's failures are still an HTTP error
     body = responder.open_stream(content_type)
     try:
-        for data in _chain(first, encoded):
+        for data in itertools.chain([first], encoded):
             if data:
                 body.write(b"%x\r\n%s\r\n" % (len(data), data))
                 body.flush()
@@ -70,11 +73,6 @@ def _chunks(responder: Responder, encoded, content_type: str) -> None:
         body.flush()
     except OSError as e:
         raise ClientGone from e
-
-
-def _chain(first: bytes, rest):
-    yield first
-    yield from rest
 
 
 def _events(responder: Responder, encoded) -> None:
