@@ -4,6 +4,7 @@ raw multipart HTTP, every response format, streams, and bad input as 4xx."""
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import urllib.request
@@ -34,8 +35,8 @@ def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="none")
 
 
-def upload(server, path: str, fields: dict, file: bytes, name: str = "speech.wav"):
-    """A multipart form POST; returns (status, content type, body bytes)."""
+def form(fields: dict, file: bytes, name: str = "speech.wav") -> tuple[bytes, str]:
+    """A multipart form with `file` in its field "file": (body, content type)."""
     boundary = uuid.uuid4().hex
     parts = []
     for key, value in fields.items():
@@ -50,10 +51,14 @@ def upload(server, path: str, fields: dict, file: bytes, name: str = "speech.wav
         + b"\r\n"
     )
     body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def upload(server, path: str, fields: dict, file: bytes, name: str = "speech.wav"):
+    """A multipart form POST; returns (status, content type, body bytes)."""
+    body, content_type = form(fields, file, name)
     request = urllib.request.Request(
-        server.url + path,
-        data=body,
-        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        server.url + path, data=body, headers={"Content-Type": content_type}
     )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
@@ -204,6 +209,28 @@ def test_a_window_is_a_forward_pass_per_step(whisper_model):
     assert window.text == whole.text == " " + UTTERANCES[1]
     blocks = json.loads((whisper_model / "config.json").read_text())["n_audio_layer"]
     assert steps >= blocks + len(whole.segments[0].tokens)
+
+
+def test_a_client_that_leaves_mid_transcription_stops_it(server, whisper_model, long_recording):
+    """A streamed transcription whose client leaves after the first window's text: the
+    server stops at its next pass (the window abandoned on the generation thread), logs
+    one line, and serves the next request."""
+    fields = {"model": str(whisper_model), "stream": "true"}
+    body, content_type = form(fields, long_recording)
+    connection = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=120)
+    connection.request("POST", "/v1/audio/transcriptions", body, {"Content-Type": content_type})
+    response = connection.getresponse()
+    assert response.status == 200
+    while not response.readline().startswith(b"data: "):
+        pass  # the first window's first delta
+    connection.close()
+    gone = "client closed the connection: POST /v1/audio/transcriptions"
+    assert server.log_lines(gone)
+    status, _, body = upload(
+        server, "/v1/audio/transcriptions", {"model": str(whisper_model)}, speak(UTTERANCES[2])
+    )
+    assert status == 200 and json.loads(body)["text"] == UTTERANCES[2]
+    assert not [line for line in server.log if "Traceback" in line or "unhandled" in line]
 
 
 @pytest.mark.parametrize(
