@@ -7,7 +7,8 @@ Two families:
 - decoder rerankers in Qwen3-Reranker's style, an mlx-lm causal LM asked whether the
   document meets the query: the score is P("yes") against P("no") at the last position.
 
-Tokenizing runs on HTTP threads (`pairs`), scoring on the generation thread."""
+Both tokenizing (`pairs`) and scoring run on the generation thread, where the model is
+resident (rerank/service.py sends them there a bounded piece at a time)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxserve.compat import hf_tokenizer
-from mlxserve.models.capabilities import is_cross_encoder
+from mlxserve.models.capabilities import is_cross_encoder, trained_context
 
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 # Qwen3-Reranker's prompt, as its model card writes it
@@ -138,8 +139,6 @@ Reranker = CrossEncoder | DecoderReranker
 
 
 def load_reranker(path: Path, tokenizer: Any, trust_remote_code: bool) -> Reranker:
-    from mlxserve.models.capabilities import trained_context
-
     limit = trained_context(path) or 512
     if is_cross_encoder(path):
         from mlx_vlm.reranker_loader import load_sequence_classification_model
