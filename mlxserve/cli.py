@@ -104,7 +104,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--adapter-path", help="LoRA adapters to apply to the served model")
     p.add_argument("--draft-model", help="a draft model for speculative decoding")
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULTS.num_draft_tokens)
+    p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=DEFAULTS.num_draft_tokens,
+        help="tokens drafted per sequence and step by a draft model or an MTP head",
+    )
     p.add_argument(
         "--model-dir",
         action="append",
@@ -240,6 +245,14 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULTS.max_draft,
         help="the most tokens drafted per sequence and step (0: no speculation)",
+    )
+    p.add_argument(
+        "--mtp",
+        choices=["auto", "on", "off"],
+        default=DEFAULTS.mtp,
+        help="draft with the MTP head a checkpoint carries (Qwen3.5/3.6, Qwen3-Next, "
+        "GLM-4.5+, DeepSeek-V3), --num-draft-tokens per step; auto: only where this device "
+        "verifies the drafts for less than they can save; off: the head is not loaded",
     )
     p.add_argument(
         "--memory-budget-gb",
@@ -403,6 +416,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         kv_group_size=args.kv_group_size,
         speculation=args.speculation,
         max_draft=args.max_draft,
+        mtp=args.mtp,
         cache_limit_gb=args.cache_limit_gb,
         memory_budget_gb=args.memory_budget_gb,
         image_dirs=tuple(args.image_dir),

@@ -93,6 +93,7 @@ class ServerConfig:
     kv_group_size: int = 64
     speculation: str = "auto"  # prompt-lookup drafts: "auto" (where they pay), "on", "off"
     max_draft: int = 8  # the most tokens drafted per sequence and step
+    mtp: str = "auto"  # a checkpoint's MTP head drafts: "auto" (where they pay), "on", "off"
     cache_limit_gb: float | None = None  # MLX's buffer cache; None: a share of the budget
     memory_budget_gb: float | None = None  # weights + KV caches; None: the device's own
     image_dirs: tuple[Path, ...] = ()  # local image files may be read from these (and model_dirs)

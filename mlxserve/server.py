@@ -173,6 +173,7 @@ def start_worker(
         kv_group_size=config.kv_group_size,
         speculation=config.speculation,
         max_draft=config.max_draft,
+        mtp=config.mtp,
     )
     capacity = config.max_concurrent + config.max_queue
     worker = GenerationWorker(

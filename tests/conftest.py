@@ -18,10 +18,12 @@ from pathlib import Path
 
 import audio_fixture
 import conversations
+import eagle3_fixture
 import embedding_fixture
 import fixture_models
 import hybrid_fixture
 import looper_fixture
+import mtp_fixture
 import pytest
 import rerank_fixture
 import vision_fixture
@@ -255,6 +257,24 @@ def harmony_model() -> Path:
 def vision_model() -> Path:
     """The Qwen2-VL-architecture model that names the colour of a square."""
     return vision_fixture.build(cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def qwen_mtp_model() -> Path:
+    """tiny-chat's conversations on Qwen3.5's hybrid architecture, with its MTP head."""
+    return mtp_fixture.build(mtp_fixture.TINY_QWEN35_MTP, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def glm_mtp_model() -> Path:
+    """tiny-chat's conversations on GLM-4.5's architecture, with its MTP head."""
+    return mtp_fixture.build(mtp_fixture.TINY_GLM_MTP, cache_root() / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def eagle3_drafter(tiny_model) -> Path:
+    """An EAGLE-3 drafter trained on tiny-chat's hidden states (mlx-vlm's format)."""
+    return eagle3_fixture.build(tiny_model, cache_root() / "fixtures")
 
 
 def _from_tiny_chat(spec, make, module, tiny_model) -> Path:

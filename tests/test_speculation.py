@@ -189,9 +189,11 @@ def test_n_choices_each_speculate(echo_servers):
     assert answer["usage"] == off.post(CHAT, body)[2]["usage"]
 
 
-def test_caches_that_cannot_drop_rejected_drafts_do_not_speculate(launch, hybrid_model):
-    """A recurrent state holds every token it was fed: such models decode as before."""
-    srv = launch(hybrid_model, "--speculation", "on")
+def test_caches_that_cannot_drop_rejected_drafts_do_not_speculate(launch, sliding_model):
+    """A sliding window, once it has wrapped, has overwritten what a rejected draft
+    would have to give back: such models decode as before. (A recurrent state is taken
+    again from where the pass began: test_mtp serves a hybrid model with drafts.)"""
+    srv = launch(sliding_model, "--speculation", "on")
     status, _, answer = srv.post(CHAT, {**ECHO.request, "max_tokens": 20})
     assert status == 200, answer
     names = {name for name, _ in metrics(srv)}

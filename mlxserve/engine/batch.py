@@ -13,12 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlxserve.engine.head_drafts import draft_with_head
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
@@ -26,8 +27,14 @@ from mlxserve.engine.quantized_cache import KVQuantization
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
-from mlxserve.engine.speculative import SpeculationCounts, speculate_in, verify_cost
+from mlxserve.engine.speculative import (
+    SpeculationCounts,
+    can_roll_back,
+    speculate_in,
+    verify_cost,
+)
 from mlxserve.models.provider import LoadedModel
+from mlxserve.mtp.hidden import HiddenCapture
 from mlxserve.protocol.errors import bad_request
 
 log = logging.getLogger(__name__)
@@ -45,15 +52,15 @@ def can_batch(loaded: LoadedModel) -> bool:
     batch caches; with a draft model, caches that can drop the drafts they reject."""
     if loaded.spec.vision:
         return False
-    caches = _fresh_caches(loaded)
+    caches = _fresh_caches(loaded, None)
     if not all(hasattr(c, "merge") for c in caches):
         return False
     return loaded.draft_model is None or all(type(c) is KVCache for c in caches)
 
 
-def _fresh_caches(loaded: LoadedModel) -> list[Any]:
-    """A sequence's empty caches: the model's, then its draft model's if it has one."""
-    models = [loaded.model, loaded.draft_model]
+def _fresh_caches(loaded: LoadedModel, head: Any) -> list[Any]:
+    """A sequence's empty caches: the model's, then its draft model's or MTP head's."""
+    models = [loaded.model, loaded.draft_model, head]
     return [c for m in models if m is not None for c in make_prompt_cache(m)]
 
 
@@ -67,6 +74,7 @@ class BatchLimits:
     kv_group_size: int
     speculation: str  # prompt-lookup drafts: "auto" where they pay, "on", "off"
     max_draft: int  # the most tokens drafted per sequence and step
+    mtp: str = "off"  # the model's MTP head drafts: "auto" where they pay, "on", "off"
 
 
 @dataclass
@@ -112,20 +120,28 @@ class BatchSession:
         self._loaded = loaded
         self._clock = clock
         self._worst = worst or (lambda value: value)
+        self._traced = worst is not None  # ranks run this batch in lockstep
         self._layers = len(make_prompt_cache(loaded.model))  # the model's own caches
         self._draft_tokens = draft_tokens
         self._cache = cache
         self._limits = limits
+        self._head = self._head_drafter()  # drafting from the model's hidden states
+        self._capture = (
+            HiddenCapture(loaded.model, self._head.reads) if self._head is not None else None
+        )
         self._trim_prompt_cache = trim_prompt_cache
         self._quantization = (
             KVQuantization(limits.kv_bits, limits.kv_group_size) if limits.kv_bits else None
         )
         # Entries of another KV layout must never meet this one's (the disk tier outlives us).
-        self._key = loaded.spec.key + (
-            f"|kv{limits.kv_bits}/{limits.kv_group_size}" if limits.kv_bits else ""
+        self._key = (
+            loaded.spec.key
+            + (f"|kv{limits.kv_bits}/{limits.kv_group_size}" if limits.kv_bits else "")
+            + ("|head" if self._head is not None else "")
         )
         try:
             fresh = self._fresh()
+            rolls_back = can_roll_back(fresh[: self._layers])  # before quantizing them
             # Caches that cannot always be trimmed back (a hybrid model's recurrent state,
             # a sliding window once wrapped) are reusable only from an exact prefix.
             # (A pipeline rank holds some of the layers: every rank takes the model's answer.)
@@ -135,6 +151,8 @@ class BatchSession:
             self.footprint = measure_footprint(loaded.model, fresh[: self._layers])
             if loaded.draft_model is not None:
                 self.footprint += measure_footprint(loaded.draft_model, fresh[self._layers :])
+            if self._head is not None:
+                self.footprint += measure_footprint(self._head.as_model(), fresh[self._layers :])
         except ValueError as e:  # a head that cannot be split into quantization groups
             raise bad_request(
                 f"This model's KV cache cannot be quantized with --kv-bits "
@@ -142,37 +160,80 @@ class BatchSession:
             ) from e
         tokenizer = loaded.tokenizer
         self._generator = BatchGenerator(
-            loaded.model,
+            cast(Any, self._capture) if self._capture is not None else loaded.model,
             stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
             completion_batch_size=limits.decode,
             prefill_batch_size=limits.decode,  # the scheduler decides what joins together
             prefill_step_size=limits.prefill_chunk,
         )
-        self.speculation = self._speculate() if not self.checkpoints else None
+        self.speculation = self._speculate() if rolls_back else None
         self._sequences: dict[int, _Sequence] = {}
         self._admitted: list[_Admitted] = []
         # A hash of every (sequence, token) generated, in order: kept where ranks run in
         # lockstep (rank 0's is checked against the others' every step), else 0.
         self.trace = 0
-        self._traced = worst is not None
 
     def _speculate(self) -> SpeculationCounts | None:
-        """Prompt-lookup drafts in the decode step, when asked for (or, with "auto", when
-        verifying a draft costs this device less than half the steps it can save). Caches
-        that cannot be trimmed back (see `checkpoints`) cannot drop rejected drafts."""
+        """Drafts verified in the decode step: a draft model's, the MTP head's, and
+        prompt-lookup drafts when asked for (or, with "auto", when verifying a draft costs
+        this device less than half the steps it can save)."""
         draft_model = self._loaded.draft_model
         if draft_model is not None:  # asked for by name: its drafts, whatever the device
             return speculate_in(self._generator, self._draft_tokens, draft_model)
+        lookup = self._lookup_pays()
+        if self._head is not None:
+            max_draft = self._limits.max_draft if lookup else 0
+            return draft_with_head(self._generator, self._head, self._draft_tokens, max_draft)
+        return speculate_in(self._generator, self._limits.max_draft) if lookup else None
+
+    def _lookup_pays(self) -> bool:
         mode, width = self._limits.speculation, self._limits.max_draft + 1
         if mode == "off" or self._limits.max_draft <= 0:
+            return False
+        if mode == "auto" and not self._pays(width, None):
+            log.info("Prompt-lookup speculation off for %s: it cannot pay", self.spec.path.name)
+            return False
+        return True
+
+    def _pays(self, width: int, head: Any) -> bool:
+        """Whether verifying `width` tokens (drafted by `head`, if given) costs this device
+        at most half the steps it can save."""
+        cost = self._worst(verify_cost(self._loaded.model, width, head))
+        log.info(
+            "Drafting and verifying %d tokens costs %.1f steps of one on this device", width, cost
+        )
+        return cost <= width / 2
+
+    def _head_drafter(self) -> Any:
+        """The drafter that reads the model's hidden states (an EAGLE-3 --draft-model, or
+        the model's MTP head where --mtp lets it draft, with "auto" where it pays), beside
+        caches that can drop rejected drafts, a KV cache at full precision, and one
+        machine."""
+        head, name = self._loaded.head, self.spec.path.name
+        # An EAGLE-3 drafter was asked for by name: it drafts whatever --mtp says.
+        mode = "on" if head is not None and head.reads is not None else self._limits.mtp
+        if head is None or mode == "off":
             return None
-        if mode == "auto":
-            cost = self._worst(verify_cost(self._loaded.model, width))
-            log.info("Verifying %d tokens costs %.1f steps of one on this device", width, cost)
-            if cost > width / 2:
-                log.info("Prompt-lookup speculation off for %s: it cannot pay", self.spec.path.name)
-                return None
-        return speculate_in(self._generator, self._limits.max_draft)
+        why = (
+            "ranks run in lockstep"
+            if self._traced
+            else "a draft model drafts instead"
+            if self._loaded.draft_model is not None
+            else "the KV cache is quantized"
+            if self._limits.kv_bits
+            else "its caches cannot drop rejected drafts"
+            if not can_roll_back(make_prompt_cache(self._loaded.model))
+            else "drafting cannot pay on this device"
+            if mode == "auto" and not self._pays(self._draft_tokens + 1, head)
+            else None
+        )
+        if why is not None:
+            log.info("Drafting with its %s off for %s: %s", head.name, name, why)
+            return None
+        log.info(
+            "Drafting with its %s for %s: %d tokens per step", head.name, name, self._draft_tokens
+        )
+        return head
 
     @property
     def spec(self):
@@ -284,8 +345,8 @@ class BatchSession:
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
             # The draft model's caches take the prompt here too; the batch feeds only the
             # model.
-            draft = self._loaded.draft_model is not None
-            if self.checkpoints or self._quantization is not None or draft:
+            drafter = self._loaded.draft_model is not None or self._head is not None
+            if self.checkpoints or self._quantization is not None or drafter:
                 self._to_last_token(admitted)
             hit = admitted.hit
             for i, job in enumerate(jobs):
@@ -328,13 +389,27 @@ class BatchSession:
             if count <= 0:
                 continue
             chunk = mx.array(hit.rest[:count])[None]
-            self._loaded.model(chunk, cache=hit.cache[: self._layers])
+            if self._head is not None:
+                self._head_prefill(hit, count)
+            else:
+                self._loaded.model(chunk, cache=hit.cache[: self._layers])
             if self._loaded.draft_model is not None:
                 self._loaded.draft_model(chunk, cache=hit.cache[self._layers :])
             mx.eval([c.state for c in hit.cache])
             hit.rest = hit.rest[count:]
             if stop in marks:
                 self._checkpoint(admitted)
+
+    def _head_prefill(self, hit: CacheHit, count: int) -> None:
+        """Process the next `count` prompt tokens into the model's caches and the head
+        drafter's: its entry at each position pairs the model's hidden state there with
+        the token after it (the rest of the prompt always holds one: the batch takes the
+        last)."""
+        assert self._capture is not None
+        self._capture(mx.array(hit.rest[:count])[None], cache=hit.cache[: self._layers])
+        hidden = cast(mx.array, self._capture.hidden)
+        following = mx.array(hit.rest[1 : count + 1])[None]
+        self._head(following, hidden[:, : following.shape[1]], hit.cache[self._layers :])
 
     def _checkpoint(self, admitted: _Admitted) -> None:
         """Keep a copy of the cache as it is, holding the prompt processed so far."""
@@ -353,7 +428,7 @@ class BatchSession:
                     self._cache.store(self._key, admitted.processed(), admitted.hit.cache)
 
     def _fresh(self) -> list[Any]:
-        return _fresh_caches(self._loaded)
+        return _fresh_caches(self._loaded, self._head)
 
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer

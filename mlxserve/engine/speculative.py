@@ -14,7 +14,9 @@ a draft that proposes one token with certainty: the kept token has the target
 distribution, so greedy output is the plain output and sampled output is drawn from the
 same distribution. Sequences with logits processors that follow the tokens (penalties, a
 grammar, a reasoning budget) decode without drafts in the same pass; processors marked
-`per_position` (a logit bias) apply to every position.
+`per_position` (a logit bias) apply to every position. A hybrid model's recurrent states
+cannot drop positions: where a row rejected part of its draft, they go back to where the
+pass began and take the kept tokens again (`_replay`).
 
 Verifying k drafts costs about one step where decoding is bound by memory bandwidth (Metal,
 CUDA, MLX's CPU backend with OpenBLAS), and k + 1 steps where it is bound by arithmetic
@@ -32,7 +34,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
 from mlxserve.engine.values import int_rows
@@ -150,7 +152,7 @@ class SpeculativeBatch(GenerationBatch):
             drafter = drafters.get(uid) or NgramDrafter(self.max_draft)
             self._drafters[uid] = drafter
             room = self.max_tokens[i] - self._num_tokens[i] - 1  # the next token counts one
-            if not _per_position(self.logits_processors[i]) or room <= 0:
+            if not per_position(self.logits_processors[i]) or room <= 0:
                 predictions.append([])
             else:
                 predicted = drafter.propose(self.tokens[i], room)
@@ -169,7 +171,7 @@ class SpeculativeBatch(GenerationBatch):
         row i's first `lengths[i]` count); each row keeps what its sampler agrees with, and
         nothing drafted where `expected[i]` (if given) is not its next token."""
         inputs = mx.concatenate([self._next_tokens[:, None], drafted], axis=1)
-        width = inputs.shape[1]
+        before = _recurrent_states(self.prompt_cache[: self.layers])
         logits = self.model(inputs, cache=self.prompt_cache[: self.layers])
         logits = self._processed(inputs, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -195,7 +197,7 @@ class SpeculativeBatch(GenerationBatch):
             reasons.append(reason)
             after.append((chosen[i][accepted], accepted))
 
-        self._roll_back([width - len(tokens) for tokens in kept])
+        self._settle(inputs, kept, before)
         return self._respond(kept, reasons, after, logprobs)
 
     def _processed(self, inputs: mx.array, logits: mx.array) -> mx.array:
@@ -207,7 +209,7 @@ class SpeculativeBatch(GenerationBatch):
         rows = []
         for e, processors in enumerate(self.logits_processors):
             row = logits[e]
-            if _per_position(processors):
+            if per_position(processors):
                 for processor in processors:
                     row = processor(inputs[e], row)
             else:
@@ -245,17 +247,47 @@ class SpeculativeBatch(GenerationBatch):
                 return tokens[: n + 1], reason
         return tokens, None
 
-    def _roll_back(self, unkept: list[int]) -> None:
-        """Take the positions a row did not keep out of the batch caches: the positions
-        every row dropped are trimmed, the rest become the rows' left padding."""
-        shared = min(unkept)
-        rest = [n - shared for n in unkept]
-        for cache in self.prompt_cache:
-            if shared:
-                cache.trim(shared)
-            if any(rest):
-                cache.prepare(right_padding=rest)
-                cache.finalize()
+    def _settle(self, inputs: mx.array, kept: list[list[int]], before: list) -> None:
+        """Leave each row's caches holding the tokens it kept of the pass over `inputs`
+        (`before`: the recurrent states the pass started from), the model's and then the
+        drafter's."""
+        unkept = [inputs.shape[1] - len(tokens) for tokens in kept]
+        if before:
+            self._replay(inputs, unkept, before)
+        else:
+            roll_back(self.prompt_cache[: self._model_layers], unkept)
+        self._settle_drafter(inputs, kept, unkept)
+
+    def _settle_drafter(self, inputs: mx.array, kept: list[list[int]], unkept: list[int]) -> None:
+        """A draft model's caches took the pass's positions too (see DraftModelBatch)."""
+        roll_back(self.prompt_cache[self._model_layers :], unkept)
+
+    @property
+    def _model_layers(self) -> int:
+        return len(self.prompt_cache) if self.layers is None else self.layers
+
+    def _replay(self, inputs: mx.array, unkept: list[int], before: list) -> None:
+        """Roll back a model with recurrent layers (whose state cannot drop positions):
+        unless every row kept the whole pass, its caches go back to where the pass began
+        and take each row's kept tokens again, right-padded as mlx-lm pads a batch of
+        prompts (the recurrent layers skip the padding)."""
+        if not any(unkept):
+            return
+        width = inputs.shape[1]
+        caches = self.prompt_cache[: self._model_layers]
+        for cache in caches:
+            if isinstance(cache, ArraysCache):
+                cache.cache = before.pop(0)
+            else:
+                cache.trim(width)
+        lengths = [width - n for n in unkept]
+        longest = max(lengths)
+        for cache in caches:
+            cache.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
+        self.model(inputs[:, :longest], cache=caches)
+        for cache in caches:
+            cache.finalize()
+        mx.eval([c.state for c in caches])
 
     def _respond(
         self,
@@ -318,7 +350,7 @@ class DraftModelBatch(SpeculativeBatch):
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
-        drafting = [_per_position(p) for p in self.logits_processors]
+        drafting = [per_position(p) for p in self.logits_processors]
         if not any(drafting):
             return GenerationBatch.next(self)
         draft_caches = self.prompt_cache[self.layers :]
@@ -352,7 +384,34 @@ class DraftModelBatch(SpeculativeBatch):
         """The draft length is the server's (`--num-draft-tokens`)."""
 
 
-def _per_position(processors) -> bool:
+def roll_back(caches: list[Any], unkept: list[int]) -> None:
+    """Take the positions a row did not keep out of batch caches: the positions every row
+    dropped are trimmed, the rest become the rows' left padding."""
+    if not caches:
+        return
+    shared = min(unkept)
+    rest = [n - shared for n in unkept]
+    for cache in caches:
+        if shared:
+            cache.trim(shared)
+        if any(rest):
+            cache.prepare(right_padding=rest)
+            cache.finalize()
+
+
+def _recurrent_states(caches: list[Any]) -> list[list[Any]]:
+    """The states of a model's recurrent layers (mlx arrays do not change: a reference is
+    a snapshot)."""
+    return [list(c.cache) for c in caches if isinstance(c, ArraysCache)]
+
+
+def can_roll_back(caches: list[Any]) -> bool:
+    """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed;
+    recurrent states are taken again from where the pass began (see `_replay`)."""
+    return all(type(c) in (KVCache, ArraysCache) for c in caches)
+
+
+def per_position(processors) -> bool:
     """Whether a row's processors (if any) apply to each position alike."""
     return all(getattr(p, "per_position", False) for p in processors)
 
@@ -374,9 +433,10 @@ def speculate_in(
     return batch.counts
 
 
-def verify_cost(model: Any, width: int, repeats: int = 2) -> float:
+def verify_cost(model: Any, width: int, head: Any = None, repeats: int = 2) -> float:
     """How many single-token steps one forward pass over `width` tokens costs on this
-    device (1: free where memory bandwidth bounds decoding; `width`: no gain possible)."""
+    device (1: free where memory bandwidth bounds decoding; `width`: no gain possible),
+    with the `width - 1` steps of an MTP `head` that drafts them, if given."""
 
     def timed(tokens: int) -> float:
         best = float("inf")
@@ -388,5 +448,16 @@ def verify_cost(model: Any, width: int, repeats: int = 2) -> float:
             best = min(best, time.perf_counter() - start)
         return best
 
+    def drafting() -> float:
+        if head is None:
+            return 0.0
+        step = head.as_model()
+        cache = make_prompt_cache(step)
+        mx.eval(step(mx.zeros((1, 1), dtype=mx.int32), cache))
+        start = time.perf_counter()
+        for _ in range(width - 1):
+            mx.eval(step(mx.zeros((1, 1), dtype=mx.int32), cache))
+        return time.perf_counter() - start
+
     timed(1)  # warm up
-    return timed(width) / timed(1)
+    return (timed(width) + drafting()) / timed(1)

@@ -33,6 +33,8 @@ from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
 from mlxserve.models.embedding import load_embedding_model
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
+from mlxserve.mtp.eagle3 import Eagle3Drafter, drafter_kind
+from mlxserve.mtp.load import load_head
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found
 from mlxserve.rerank.model import load_reranker
 
@@ -87,7 +89,10 @@ class LoadedModel:
     model: Any
     tokenizer: Any  # None for the audio kinds
     draft_model: Any | None
-    nbytes: int = 0  # the weights' memory, the draft model's included
+    nbytes: int = 0  # the weights' memory, the draft model's and the head's included
+    # A drafter that reads the model's hidden states: the checkpoint's MTP head
+    # (mtp.head.MTPHead) or an EAGLE-3 --draft-model (mtp.eagle3.Eagle3Drafter)
+    head: Any | None = None
 
 
 def _is_inside(path: Path, root: Path) -> bool:
@@ -359,13 +364,13 @@ class ModelProvider:
         )
         start = time.perf_counter()
         try:
-            model, draft = self._load_weights(spec)
+            model, draft, head = self._load_weights(spec)
             tokenizer = self.tokenizer(spec) if spec.kind not in AUDIO_KINDS else None
         except ServiceError:
             raise
         except Exception as e:
             raise _load_error(spec, e) from e
-        loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft))
+        loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft, head), head)
         with self._resident_lock:
             self._resident[spec] = loaded
         self.touch(spec)
@@ -379,22 +384,22 @@ class ModelProvider:
         mx.reset_peak_memory()
         return loaded
 
-    def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None]:
-        """(model, draft model or None)."""
+    def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None, Any | None]:
+        """(model, draft model or None, hidden-state drafter or None)."""
         from mlx_lm.utils import load_adapters, load_model
 
         trust = self.config.trust_remote_code
         if spec.embedding:
             pad_id = self.tokenizer(spec).pad_token_id or 0
-            return load_embedding_model(spec.path, pad_id, trust), None
+            return load_embedding_model(spec.path, pad_id, trust), None, None
         if spec.kind == "rerank":
-            return load_reranker(spec.path, self.tokenizer(spec), trust), None
+            return load_reranker(spec.path, self.tokenizer(spec), trust), None, None
         if spec.kind == "transcription":
-            return Transcriber.load(spec.path), None
+            return Transcriber.load(spec.path), None, None
         if spec.kind == "speech":
-            return Synthesizer.load(spec.path), None
+            return Synthesizer.load(spec.path), None, None
         if spec.vision:
-            return load_vision_model(spec.path, spec.adapter_path), None
+            return load_vision_model(spec.path, spec.adapter_path), None, None
         model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
         if self._split is not None:
             self._split(model)
@@ -402,8 +407,35 @@ class ModelProvider:
         if spec.adapter_path:
             model = load_adapters(model, spec.adapter_path)
             model.eval()
+        kind = drafter_kind(spec.draft_path) if spec.draft_path is not None else None
+        if spec.draft_path is not None and kind == "eagle3":
+            log.info("Read an EAGLE-3 drafter from %s", spec.draft_path.name)
+            return model, None, Eagle3Drafter.load(spec.draft_path, model)
+        if spec.draft_path is not None and kind is not None:
+            raise bad_request(
+                f"{spec.draft_path.name} is a {kind} drafter, which mlxserve does not serve: "
+                "give --draft-model an EAGLE-3 drafter or a small language model (a "
+                "checkpoint's own MTP head is read from the model itself, see --mtp)."
+            )
         draft = load_model(spec.draft_path)[0] if spec.draft_path else None
-        return model, draft
+        return model, draft, self._mtp_head(spec, model) if draft is None else None
+
+    def _mtp_head(self, spec: ModelSpec, model: Any) -> Any | None:
+        """The checkpoint's MTP head, unless --mtp is off or the model is not a chat
+        model of a family whose head we read; a head that does not load is a warning (the
+        model is served without it)."""
+        if self.config.mtp == "off" or spec.kind != "chat" or spec.adapter_path:
+            return None
+        try:
+            head = load_head(model, spec.path)
+        except (ValueError, KeyError, StopIteration) as e:
+            log.warning(
+                "The MTP head of %s could not be read (%s): served without it", spec.path.name, e
+            )
+            return None
+        if head is not None:
+            log.info("Read a %s from %s", head.name, spec.path.name)  # "... MTP head"
+        return head
 
 
 def stored_bytes(spec: ModelSpec) -> int:

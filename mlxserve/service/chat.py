@@ -18,6 +18,7 @@ from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.models.tokenizer import longest_token
+from mlxserve.mtp.eagle3 import is_eagle3
 from mlxserve.postprocess.output import (
     ChatMarkup,
     TextOutput,
@@ -390,9 +391,11 @@ def _without_oldest_turns(request: ChatRequest) -> list[ChatRequest]:
 
 
 def _usable(grammar: Grammar | None, spec: ModelSpec) -> Grammar | None:
-    """Speculative decoding feeds the logits processors draft tokens it may take back,
-    which a grammar's matcher cannot follow."""
-    if grammar is not None and spec.draft_path is not None:
+    """Speculative decoding with a draft model feeds the logits processors draft tokens
+    it may take back, which a grammar's matcher cannot follow (an EAGLE-3 drafter drafts
+    in the batch, where a constrained row does not draft)."""
+    draft = spec.draft_path
+    if grammar is not None and draft is not None and not is_eagle3(draft):
         raise bad_request(
             "Constrained decoding is not available on a server started with --draft-model."
         )

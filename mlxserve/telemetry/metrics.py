@@ -121,7 +121,7 @@ class Metrics:
         r.register(_PerModel("mlxserve_model_memory_bytes", "Weights in memory.", model_bytes))
         for column, (outcome, doc) in enumerate(
             (
-                ("drafted", "Tokens drafted from the context (speculation) since loading."),
+                ("drafted", "Tokens drafted (from the context, a draft model or an MTP head)."),
                 ("accepted", "Drafted tokens the model agreed with (no step of their own)."),
             ),
             start=1,

@@ -1,0 +1,271 @@
+"""Drafters that read the model's hidden states (a checkpoint's multi-token-prediction
+head, an EAGLE-3 --draft-model) draft inside the continuous batch, and nothing a client can
+see changes (greedy tokens and logprobs, alone and batched, with prompt-lookup drafts in
+the same pass, from the prompt cache; sampled output keeps the model's distribution; a
+seed gives one reply alone and batched).
+
+The fixtures are trained with their drafters so that drafts are accepted: one per MTP
+layout, tiny-qwen35-mtp (Qwen3.5's hybrid architecture, `mtp.*`, stored as Hugging Face
+stores it) and tiny-glm-mtp (GLM-4.5's, the head as layer `num_hidden_layers`, DeepSeek's
+layout); and tiny-chat-eagle3, an EAGLE-3 drafter for tiny-chat in mlx-vlm's format.
+Servers run with `--mtp on`: on this machine's CPU backend "auto" may turn it off.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import Server
+from conversations import BY_NAME, CONVERSATIONS, ECHO
+from scipy.stats import chi2_contingency
+from test_batching import ENDS, concurrently, endless_stream
+from test_speculation import CHAT, accepted, assert_same, reply, speculated
+
+PLAIN = ("--speculation", "off", "--prompt-cache-size", "0")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A model with a drafter that reads its hidden states, as the tests serve it."""
+
+    model: str  # the conftest fixture of the model
+    drafter: str | None  # the fixture of its --draft-model (None: the checkpoint's head)
+    read: str  # what the log says once the drafter is read
+    tokens_per_pass: float  # the least the story's reply must average (see below)
+
+
+KINDS = {
+    "qwen3.5-mtp": Kind("qwen_mtp_model", None, "Read a Qwen3.5-layout MTP head", 1.8),
+    "glm-mtp": Kind("glm_mtp_model", None, "Read a DeepSeek/GLM-layout MTP head", 1.8),
+    # Its later guesses read its own output, which the fixture was not trained on (a
+    # real EAGLE-3 is, by unrolling): mostly its first guess is kept.
+    "eagle3": Kind("tiny_model", "eagle3_drafter", "Read an EAGLE-3 drafter", 1.5),
+}
+
+
+@dataclass
+class Family:
+    kind: Kind
+    model: Path
+    flags: tuple[str, ...]  # what a server needs to draft with it
+    off: Server  # without drafts
+    on: Server
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def family(request):
+    from conftest import start_server
+
+    kind = KINDS[request.param]
+    model = request.getfixturevalue(kind.model)
+    flags = ("--mtp", "on")
+    if kind.drafter is not None:
+        flags = ("--draft-model", str(request.getfixturevalue(kind.drafter)))
+    family = Family(
+        kind,
+        model,
+        flags,
+        start_server(model, "--mtp", "off", *PLAIN),
+        start_server(model, *flags, *PLAIN),
+    )
+    yield family
+    family.off.stop()
+    family.on.stop()
+
+
+def test_the_drafter_is_read_and_its_drafts_are_accepted(family):
+    off, on = family.off, family.on
+    assert on.log_lines(family.kind.read)
+    assert on.log_lines("Drafting with its ")
+    assert not any("MTP" in line for line in off.log)  # --mtp off: the head is not read
+    drafted_before, accepted_before = speculated(on, "drafted"), accepted(on)
+    answer = reply(on, BY_NAME["story"].request)[0]
+    drafted = speculated(on, "drafted") - drafted_before
+    taken = accepted(on) - accepted_before
+    # The drafter learned the replies: its first guess is mostly the model's own next
+    # token, and the tokens a verified pass keeps average well above one.
+    steps = answer["usage"]["completion_tokens"] - taken
+    assert drafted > 0
+    assert answer["usage"]["completion_tokens"] / steps >= family.kind.tokens_per_pass
+    assert speculated(off, "drafted") == 0
+
+
+@pytest.mark.parametrize("conv", CONVERSATIONS, ids=lambda c: c.name)
+def test_greedy_tokens_and_logprobs_are_those_of_plain_decoding(family, conv):
+    off, on = family.off, family.on
+    assert_same(reply(off, conv.request), reply(on, conv.request))
+
+
+def test_batched_every_request_gets_its_plain_reply(family):
+    """All at once beside a running stream: every row drafts with the head in one pass,
+    keeps a different number of tokens, and the head's cache follows each row's."""
+    off, on = family.off, family.on
+    plain = [reply(off, c.request) for c in CONVERSATIONS]
+    background = endless_stream(on, family.model, ENDS["tiny_model"])
+    try:
+        batched = concurrently(lambda c: reply(on, c.request), CONVERSATIONS)
+    finally:
+        background.close()
+    for p, b in zip(plain, batched, strict=True):
+        assert_same(p, b)
+
+
+def test_stops_and_limits_cut_the_reply_where_plain_decoding_does(family):
+    off, on = family.off, family.on
+    story = BY_NAME["story"].request
+    for limits in ({"max_tokens": 7}, {"max_tokens": 12}, {"stop": ["the"]}):
+        plain, drafted = reply(off, {**story, **limits}), reply(on, {**story, **limits})
+        assert_same(plain, drafted)
+        if "max_tokens" in limits:
+            assert drafted[0]["usage"]["completion_tokens"] == limits["max_tokens"]
+
+
+def test_a_constrained_row_shares_passes_with_drafting_rows(family):
+    """A grammar follows the tokens, so its row decodes a token per pass, in the passes
+    that verify the other rows' drafts."""
+    off, on = family.off, family.on
+    bodies = [
+        {**BY_NAME["capital"].request, "response_format": {"type": "json_object"}},
+        BY_NAME["story"].request,
+        BY_NAME["count"].request,
+    ]
+    plain = [reply(off, b) for b in bodies]
+    for p, b in zip(plain, concurrently(lambda b: reply(on, b), bodies), strict=True):
+        assert_same(p, b)
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched(family):
+    on = family.on
+
+    def sampled(seed: int) -> str:
+        body = {**BY_NAME["story"].request, "temperature": 1.0, "seed": seed, "max_tokens": 30}
+        status, _, answer = on.post(CHAT, body)
+        assert status == 200, answer
+        return answer["choices"][0]["message"]["content"]
+
+    alone = [sampled(seed) for seed in (1, 2, 3)]
+    assert concurrently(sampled, [1, 2, 3, 1]) == [*alone, alone[0]]
+
+
+def test_sampled_output_keeps_the_model_distribution(family):
+    """A head's draft is one token proposed with certainty, kept only where the row's own
+    sampler draws it: the tokens have the model's distribution. 400 seeded replies with
+    drafts and 400 without, at a temperature that spreads the choices, must not be told
+    apart (a chi-squared test at each of the second to fourth tokens, which drafts
+    decide)."""
+    off, on = family.off, family.on
+
+    def one(srv, seed: int) -> tuple[str, ...]:
+        body = {
+            **BY_NAME["story"].request,
+            "temperature": 2.0,
+            "seed": seed,
+            "max_tokens": 4,
+            "logprobs": True,
+        }
+        status, _, answer = srv.post(CHAT, body)
+        assert status == 200, answer
+        return tuple(e["token"] for e in answer["choices"][0]["logprobs"]["content"])
+
+    def replies(srv) -> list[tuple[str, ...]]:
+        with ThreadPoolExecutor(8) as pool:
+            return list(pool.map(lambda seed: one(srv, seed), range(400)))
+
+    before = accepted(on)
+    samples = replies(off), replies(on)
+    assert accepted(on) > before  # sampled rows drafted, and kept some drafts
+    for position in (1, 2, 3):
+        a, b = (Counter(t[position] for t in sample if len(t) > position) for sample in samples)
+        frequent = sorted(token for token in a | b if a[token] + b[token] >= 10)
+        table = [[c[token] for token in frequent] for c in (a, b)]
+        table = [[*row, c.total() - sum(row)] for row, c in zip(table, (a, b), strict=True)]
+        columns = [column for column in zip(*table, strict=True) if any(column)]
+        assert len(columns) >= 3  # the temperature spreads the choices
+        assert chi2_contingency(list(zip(*columns, strict=True))).pvalue > 1e-3
+
+
+def test_the_prompt_cache_carries_the_head_cache(launch, family):
+    """The next turn of a conversation continues from the cache the first left, the
+    head's included, and still drafts: the same replies as a server without either."""
+    off = family.off
+    srv = launch(family.model, *family.flags, "--speculation", "off")
+    first = BY_NAME["story"].request
+    answer = reply(srv, first)
+    assert_same(reply(off, first), answer)
+    turn = {
+        "messages": [
+            *first["messages"],
+            answer[0]["message"],
+            *BY_NAME["count"].request["messages"],
+        ]
+    }
+    before = accepted(srv)
+    again = reply(srv, turn)
+    assert again[0]["usage"].pop("prompt_tokens_details")["cached_tokens"] > 0
+    plain = reply(off, turn)
+    plain[0]["usage"].pop("prompt_tokens_details")
+    assert_same(plain, again)
+    assert accepted(srv) > before
+
+
+def test_prompt_lookup_and_the_head_draft_in_the_same_pass(launch, family):
+    """A row whose context predicts a draft verifies that one; the others the head's."""
+    off = family.off
+    srv = launch(family.model, *family.flags, "--speculation", "on", *PLAIN[2:])
+    bodies = [ECHO.request, BY_NAME["story"].request, BY_NAME["unicode"].request]
+    plain = [reply(off, b) for b in bodies]
+    for p, b in zip(plain, concurrently(lambda b: reply(srv, b), bodies), strict=True):
+        assert_same(p, b)
+    assert accepted(srv) > 0
+
+
+def test_auto_drafts_only_where_the_measured_cost_pays(launch, glm_mtp_model):
+    srv = launch(glm_mtp_model, "--mtp", "auto")
+    (line,) = srv.log_lines("Drafting and verifying 4 tokens costs")
+    cost = float(re.search(r"costs ([\d.]+) steps", line).group(1))
+    head = "Drafting with its DeepSeek/GLM-layout MTP head"
+    assert srv.log_lines(f"{head} for" if cost <= 2 else f"{head} off for")
+    status, _, answer = srv.post(CHAT, BY_NAME["story"].request)
+    assert status == 200, answer
+
+
+def test_a_head_that_does_not_fit_its_family_is_a_warning(launch, glm_mtp_model, tmp_path):
+    """A checkpoint whose head lacks a tensor: the model is served, without drafts."""
+    import mlx.core as mx
+
+    broken = tmp_path / "broken-glm"
+    shutil.copytree(glm_mtp_model, broken)
+    weights = mx.load(str(broken / "model.safetensors"))
+    del weights["model.layers.2.eh_proj.weight"]
+    mx.save_safetensors(str(broken / "model.safetensors"), weights)
+    srv = launch(broken, "--mtp", "on", "--speculation", "off")
+    assert srv.log_lines("could not be read")
+    status, _, answer = srv.post(CHAT, BY_NAME["story"].request)
+    assert status == 200
+    assert answer["choices"][0]["message"]["content"] == BY_NAME["story"].reply
+    assert speculated(srv, "drafted") == 0
+
+
+def test_a_drafter_of_a_kind_not_served_is_refused_at_start(tiny_model, tmp_path):
+    """A DFlash drafter is published as a language model's type with its own architecture:
+    read as a draft model, it would fail inside mlx-lm; it is refused by name instead."""
+    import json
+    import subprocess
+    import sys
+
+    dflash = tmp_path / "tiny-dflash"
+    shutil.copytree(tiny_model, dflash)
+    config = json.loads((dflash / "config.json").read_text())
+    config["architectures"] = ["DFlashDraftModel"]
+    (dflash / "config.json").write_text(json.dumps(config))
+    command = [sys.executable, "-m", "mlxserve", "--model", str(tiny_model)]
+    command += ["--draft-model", str(dflash), "--port", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "tiny-dflash is a dflash drafter, which mlxserve does not serve" in done.stderr
