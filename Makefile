@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-distributed bench-embedding-fairness bench-audio-fairness clean
+.PHONY: install browser speech run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness clean
 
 install: $(VENV)/.installed
 
@@ -78,6 +78,9 @@ bench-two-models: install
 
 bench-speculation: install
 	$(WITH_BLAS) $(PY) bench/speculation.py $(ARGS)
+
+bench-mtp: install
+	$(WITH_BLAS) $(PY) bench/mtp.py $(ARGS)
 
 bench-distributed: install
 	$(WITH_BLAS) $(PY) bench/distributed.py $(ARGS)
