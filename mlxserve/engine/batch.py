@@ -215,7 +215,9 @@ class BatchSession:
         if head is None or mode == "off":
             return None
         why = (
-            "ranks run in lockstep"
+            "--num-draft-tokens is 0"
+            if self._draft_tokens <= 0
+            else "ranks run in lockstep"
             if self._traced
             else "a draft model drafts instead"
             if self._loaded.draft_model is not None

@@ -74,9 +74,13 @@ class MTPHead(nn.Module):
         eps: float,
         embed: Any,
         readout: Any,
+        array_mask: bool = False,
     ):
+        """`array_mask`: the layer takes its causal mask as an array (DeepSeek's latent
+        attention), not as mlx's "causal"."""
         super().__init__()
         self.layout = layout
+        self.array_mask = array_mask
         self.embed_norm = nn.RMSNorm(width, eps=eps)
         self.hidden_norm = nn.RMSNorm(width, eps=eps)
         self.project = nn.Linear(2 * width, width, bias=False)
@@ -110,7 +114,8 @@ class MTPHead(nn.Module):
             [self.embed_norm(self.target.embed(tokens)), self.hidden_norm(hidden)], axis=-1
         )
         x = self.project(x)
-        x = self.layer(x, create_attention_mask(x, cache[0]), cache[0])
+        mask = create_attention_mask(x, cache[0], return_array=self.array_mask)
+        x = self.layer(x, mask, cache[0])
         normed = self.out_norm(x)
         return self.target.readout(normed), normed if self.layout.chains_normed else x
 

@@ -29,6 +29,7 @@ class Family:
     prefix: Callable[[Any], str]  # the model's args -> the head's checkpoint prefix
     slot: Callable[[Any], int]  # the model's args -> a layer index of the head's kind
     layer: Callable[[Any, int], nn.Module]  # (args, index) -> a decoder layer
+    array_mask: bool = False  # its attention takes the causal mask as an array (MLA)
 
 
 def _qwen3_5_layer(args: Any, index: int) -> nn.Module:
@@ -71,7 +72,9 @@ FAMILIES: dict[str, Family] = {
     "qwen3_5": Family(QWEN, lambda _: "mtp.", _full_attention_slot, _qwen3_5_layer),
     "qwen3_next": Family(QWEN, lambda _: "mtp.", _full_attention_slot, _qwen3_next_layer),
     "glm4_moe": Family(DEEPSEEK, _after_last_layer, _last_layer, _glm4_moe_layer),
-    "deepseek_v3": Family(DEEPSEEK, _after_last_layer, _last_layer, _deepseek_v3_layer),
+    "deepseek_v3": Family(
+        DEEPSEEK, _after_last_layer, _last_layer, _deepseek_v3_layer, array_mask=True
+    ),
 }
 SHARED = ("embed_tokens.", "shared_head.head.")  # copies of the model's own: not loaded
 
@@ -125,6 +128,7 @@ def new_head(model: Any, family: Family) -> MTPHead:
         args.rms_norm_eps,
         model.model.embed_tokens,
         readout(model),
+        family.array_mask,
     )
 
 
