@@ -103,12 +103,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--adapter-path", help="LoRA adapters to apply to the served model")
-    p.add_argument("--draft-model", help="a draft model for speculative decoding")
+    p.add_argument(
+        "--draft-model",
+        help="a draft model for speculative decoding, or an EAGLE-3 drafter (mlx-vlm's format)",
+    )
     p.add_argument(
         "--num-draft-tokens",
         type=int,
         default=DEFAULTS.num_draft_tokens,
-        help="tokens drafted per sequence and step by a draft model or an MTP head",
+        help="tokens drafted per sequence and step by a draft model, an EAGLE-3 drafter or "
+        "an MTP head",
     )
     p.add_argument(
         "--model-dir",
@@ -250,9 +254,15 @@ def parser() -> argparse.ArgumentParser:
         "--mtp",
         choices=["auto", "on", "off"],
         default=DEFAULTS.mtp,
-        help="draft with the MTP head a checkpoint carries (Qwen3.5/3.6, Qwen3-Next, "
-        "GLM-4.5+, DeepSeek-V3), --num-draft-tokens per step; auto: only where this device "
-        "verifies the drafts for less than they can save; off: the head is not loaded",
+        help="draft with the MTP head a checkpoint carries (Qwen's mtp.*, GLM-4.5+ and "
+        "DeepSeek-V3's layer after the last), --num-draft-tokens per step; auto: only where "
+        "this device verifies the drafts for less than they can save; off: not loaded",
+    )
+    p.add_argument(
+        "--text-only",
+        action="store_true",
+        help="serve vision-language checkpoints that mlx-lm also loads (Qwen3.5/3.6) as text "
+        "models: batched, drafting with their MTP head, without image input",
     )
     p.add_argument(
         "--memory-budget-gb",
@@ -417,6 +427,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         speculation=args.speculation,
         max_draft=args.max_draft,
         mtp=args.mtp,
+        text_only=args.text_only,
         cache_limit_gb=args.cache_limit_gb,
         memory_budget_gb=args.memory_budget_gb,
         image_dirs=tuple(args.image_dir),

@@ -94,6 +94,7 @@ class ServerConfig:
     speculation: str = "auto"  # prompt-lookup drafts: "auto" (where they pay), "on", "off"
     max_draft: int = 8  # the most tokens drafted per sequence and step
     mtp: str = "auto"  # a checkpoint's MTP head drafts: "auto" (where they pay), "on", "off"
+    text_only: bool = False  # vision-language checkpoints mlx-lm also loads are served as text
     cache_limit_gb: float | None = None  # MLX's buffer cache; None: a share of the budget
     memory_budget_gb: float | None = None  # weights + KV caches; None: the device's own
     image_dirs: tuple[Path, ...] = ()  # local image files may be read from these (and model_dirs)

@@ -272,6 +272,15 @@ def glm_mtp_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_vl_mtp_model(qwen_mtp_model) -> Path:
+    """tiny-qwen35-mtp as Qwen3.5 is published: a vision-language config."""
+    spec = mtp_fixture.TINY_QWEN35_VL_MTP
+    sources = (Path(mtp_fixture.__file__), qwen_mtp_model / "model.safetensors")
+    make = mtp_fixture.as_published(qwen_mtp_model)
+    return fixture_models.build(spec, cache_root() / "fixtures", make, sources)
+
+
+@pytest.fixture(scope="session")
 def eagle3_drafter(tiny_model) -> Path:
     """An EAGLE-3 drafter trained on tiny-chat's hidden states (mlx-vlm's format)."""
     return eagle3_fixture.build(tiny_model, cache_root() / "fixtures")

@@ -269,3 +269,29 @@ def test_a_drafter_of_a_kind_not_served_is_refused_at_start(tiny_model, tmp_path
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "tiny-dflash is a dflash drafter, which mlxserve does not serve" in done.stderr
+
+
+def test_a_published_qwen35_checkpoint_drafts_with_its_head_when_served_as_text(
+    launch, qwen_vl_mtp_model, qwen_mtp_model
+):
+    """Qwen3.5 is published as a vision-language checkpoint, which mlx-vlm serves one
+    request at a time without the head; with --text-only mlx-lm serves it as text:
+    batched, drafting with its head, the replies those of its text checkpoint, and an
+    image a 400 as for any text model."""
+    fixtures = qwen_vl_mtp_model.parent
+    srv = launch(qwen_vl_mtp_model, "--text-only", "--mtp", "on", *PLAIN)
+    assert srv.log_lines("Drafting with its Qwen3.5-layout MTP head for")
+    listed = {m["id"]: m for m in srv.get("/v1/models")[2]["data"]}
+    assert listed[str(qwen_vl_mtp_model)]["input_modalities"] == ["text"]
+    plain = launch(qwen_mtp_model, "--mtp", "off", *PLAIN, "--model-dir", str(fixtures))
+    unflagged = {m["id"]: m for m in plain.get("/v1/models")[2]["data"]}
+    assert unflagged[qwen_vl_mtp_model.name]["input_modalities"] == ["text", "image"]
+    bodies = [c.request for c in CONVERSATIONS[:6]]
+    expected = [reply(plain, b) for b in bodies]
+    for p, b in zip(expected, concurrently(lambda b: reply(srv, b), bodies), strict=True):
+        assert_same(p, b)
+    assert accepted(srv) > 0
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    message = {"role": "user", "content": [{"type": "text", "text": "What is it?"}, image]}
+    status, _, answer = srv.post(CHAT, {"messages": [message]})
+    assert status == 400 and answer["error"]["code"] == "images_not_supported"

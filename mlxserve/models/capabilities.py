@@ -31,6 +31,18 @@ def is_vision_model(path: Path) -> bool:
     )
 
 
+def loads_as_text(path: Path) -> bool:
+    """A vision-language checkpoint that mlx-lm also loads, as a text model (its sanitize
+    drops the vision tower): Qwen3.5 and 3.6 are published this way, MTP head included."""
+    config = read_config(path)
+    model_type = str(config.get("model_type", "")).lower()
+    return (
+        isinstance(config.get("vision_config"), dict)
+        and bool(model_type)
+        and has_module("mlx_lm.models", model_type)
+    )
+
+
 # config.json fields that hold the longest sequence a model was trained for, by family.
 CONTEXT_FIELDS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
 

@@ -26,6 +26,7 @@ from mlxserve.models.capabilities import (
     is_embedding_model,
     is_text_model,
     is_vision_model,
+    loads_as_text,
     model_kind,
     trained_context,
 )
@@ -54,15 +55,18 @@ class ModelSpec:
     path: Path
     adapter_path: str | None = None
     draft_path: Path | None = None
+    as_text: bool = False  # a vision-language checkpoint served as text (--text-only)
 
     @property
     def key(self) -> str:
-        return f"{self.path}|{self.adapter_path}|{self.draft_path}"
+        return f"{self.path}|{self.adapter_path}|{self.draft_path}" + (
+            "|text" if self.as_text else ""
+        )
 
     @property
     def vision(self) -> bool:
         """Takes images: served by mlx-vlm instead of mlx-lm."""
-        return is_vision_model(self.path)
+        return is_vision_model(self.path) and not self.as_text
 
     @property
     def embedding(self) -> bool:
@@ -72,7 +76,8 @@ class ModelSpec:
     @property
     def kind(self) -> str:
         """chat, vision, embedding, rerank, transcription or speech (see model_kind)."""
-        return model_kind(self.path)
+        kind = model_kind(self.path)
+        return "chat" if kind == "vision" and self.as_text else kind
 
     @property
     def generative(self) -> bool:
@@ -150,7 +155,7 @@ class ModelProvider:
         for i, (settings, path) in enumerate(zip(config.models, paths, strict=True)):
             draft = settings.draft_model or (config.draft_model if i == 0 else None)
             adapter = config.adapter_path if i == 0 else None
-            spec = ModelSpec(path, adapter, resolve_model_path(draft) if draft else None)
+            spec = self._spec(path, adapter, resolve_model_path(draft) if draft else None)
             self.served[settings.served_name] = spec
             self._settings[spec] = settings
         self.default = next(iter(self.served.values()))
@@ -188,7 +193,11 @@ class ModelProvider:
         for spec in self.served.values():
             if path == spec.path:
                 return spec
-        return ModelSpec(path)
+        return self._spec(path)
+
+    def _spec(self, path: Path, adapter: str | None = None, draft: Path | None = None) -> ModelSpec:
+        as_text = self.config.text_only and loads_as_text(path)
+        return ModelSpec(path, adapter, draft, as_text)
 
     def name(self, spec: ModelSpec) -> str:
         """The model's name in logs and metrics: its --model name, else its folder's."""
@@ -293,9 +302,9 @@ class ModelProvider:
             ]:
                 folder = config.parent.resolve()
                 if _is_inside(folder, root):  # a link out of the folder is no model of it
-                    found.setdefault(str(config.parent.relative_to(root)), ModelSpec(folder))
+                    found.setdefault(str(config.parent.relative_to(root)), self._spec(folder))
         for repo_id, path in cached_hub_models() if self.config.cached_models else []:
-            found.setdefault(repo_id, ModelSpec(path))
+            found.setdefault(repo_id, self._spec(path))
         return found
 
     def loaded_tokenizer(self, spec: ModelSpec):
@@ -428,7 +437,7 @@ class ModelProvider:
             return None
         try:
             head = load_head(model, spec.path)
-        except (ValueError, KeyError, StopIteration) as e:
+        except Exception as e:  # the head is an extra: the model serves without it
             log.warning(
                 "The MTP head of %s could not be read (%s): served without it", spec.path.name, e
             )
