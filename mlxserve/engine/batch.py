@@ -34,7 +34,7 @@ from mlxserve.engine.speculative import (
     verify_cost,
 )
 from mlxserve.models.provider import LoadedModel
-from mlxserve.mtp.hidden import HiddenCapture
+from mlxserve.mtp.hidden import HiddenCapture, splits_exactly
 from mlxserve.protocol.errors import bad_request
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,8 @@ class BatchSession:
             if self._limits.kv_bits
             else "its caches cannot drop rejected drafts"
             if not can_roll_back(make_prompt_cache(self._loaded.model))
+            else "its logits are more than its output head over its last hidden state"
+            if not splits_exactly(self._loaded.model)
             else "drafting cannot pay on this device"
             if mode == "auto" and not self._pays(self._draft_tokens + 1, head)
             else None

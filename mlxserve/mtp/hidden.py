@@ -24,6 +24,16 @@ def readout(model: Any) -> Any:
     return head if head is not None else model.model.embed_tokens.as_linear
 
 
+def splits_exactly(model: Any) -> bool:
+    """Whether the model's logits are its output head over `model.model`'s output, the
+    split HiddenCapture makes (a model that scales or caps its logits after the head,
+    as Gemma 2 does, is not split: its drafts would be verified against other logits)."""
+    probe = mx.array([[1, 2, 3, 4]])
+    whole = model(probe)
+    split = readout(model)(model.model(probe))
+    return whole.shape == split.shape and bool(mx.allclose(whole, split, atol=1e-4).item())
+
+
 @dataclass
 class _Sink:
     """Where a recording layer leaves its last output (outside the module's parameters)."""

@@ -10,26 +10,18 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from hybrid_fixture import QWEN_EXPERTS
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 from mtp_fixture import TINY_GLM_MTP, TINY_QWEN35_MTP, checkpoint_names
 
 from mlxserve.mtp.load import FAMILIES, load_head, new_head
 
-_MOE = {
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "decoder_sparse_step": 1,
-    "shared_expert_intermediate_size": 64,
-    "moe_intermediate_size": 32,
-    "norm_topk_prob": True,
-    "mlp_only_layers": [],
-}
 CONFIGS = {
     "qwen3_5": TINY_QWEN35_MTP.config,
     "qwen3_next": {
         **{k: v for k, v in TINY_QWEN35_MTP.config.items() if k != "rope_parameters"},
-        **_MOE,
+        **QWEN_EXPERTS,
         "model_type": "qwen3_next",
         "partial_rotary_factor": 0.5,
         "attention_bias": False,
@@ -116,3 +108,38 @@ def _experts_one_by_one(weights: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+@pytest.mark.parametrize(
+    ("config", "exact"),
+    [
+        (TINY_GLM_MTP.config, True),
+        (TINY_QWEN35_MTP.config, True),
+        (
+            {
+                "model_type": "gemma2",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "rms_norm_eps": 1e-6,
+                "query_pre_attn_scalar": 16,
+                "final_logit_softcapping": 1.0,
+            },
+            False,
+        ),
+    ],
+    ids=["glm4_moe", "qwen3_5", "gemma2-softcapped"],
+)
+def test_a_model_is_split_before_its_output_head_only_where_that_is_all_it_does(config, exact):
+    """A drafter's hidden states come from the model split before its output head; Gemma
+    2 caps its logits after the head, so the split would verify drafts against other
+    logits, and it is not made."""
+    from mlxserve.mtp.hidden import splits_exactly
+
+    mx.random.seed(2)
+    model_class, args_class = _get_classes({**config, "vocab_size": 97})
+    model = model_class(args_class.from_dict({**config, "vocab_size": 97}))
+    assert splits_exactly(model) is exact
