@@ -64,10 +64,6 @@ class HeadDraftBatch(SpeculativeBatch):
         super().filter(keep)
         self._hidden = self._hidden[mx.array(keep)] if keep and self._hidden is not None else None
 
-    @property
-    def _head_caches(self) -> list[Any]:
-        return self.prompt_cache[self._model_layers :]
-
     # Steps ---------------------------------------------------------------------------------------
 
     def next(self) -> list[GenerationBatch.Response]:
@@ -109,7 +105,7 @@ class HeadDraftBatch(SpeculativeBatch):
         hidden = self._hidden
         guesses = []
         for _ in range(count):
-            logits, hidden = self.head(tokens, hidden, self._head_caches)
+            logits, hidden = self.head(tokens, hidden, self._drafter_caches)
             tokens = self.head.guess(logits[:, -1:, :]).astype(self._next_tokens.dtype)
             guesses.append(tokens)
         return mx.concatenate(guesses, axis=1)
@@ -117,10 +113,10 @@ class HeadDraftBatch(SpeculativeBatch):
     def _step(self):
         """mlx-lm's step (no row drafts): the head first takes the entry for the model's
         last hidden state and the token this step feeds it."""
-        self.head(self._next_tokens[:, None], self._hidden, self._head_caches)
+        self.head(self._next_tokens[:, None], self._hidden, self._drafter_caches)
         result = super()._step()
         self._hidden = self.model.hidden[:, -1:, :]
-        mx.async_eval(self._hidden, [c.state for c in self._head_caches])
+        mx.async_eval(self._hidden, [c.state for c in self._drafter_caches])
         return result
 
     def _record(self, row: int, drafted: int, accepted: int) -> None:
@@ -142,15 +138,15 @@ class HeadDraftBatch(SpeculativeBatch):
         accepted = [len(tokens) - 1 for tokens in kept]
         start = 1 if self._chain else 0  # the chain's first entry was the model's
         if self._chain > 1:
-            for cache in self._head_caches:
+            for cache in self._drafter_caches:
                 cache.trim(self._chain - 1)
         end = 1 + max(accepted)
         if end > start:
             assert self._hidden is not None  # set for every row when it joined
             hidden = mx.concatenate([self._hidden, verified], axis=1)
-            self.head(inputs[:, start:end], hidden[:, start:end], self._head_caches)
-            roll_back(self._head_caches, [max(accepted) - a for a in accepted])
-            mx.async_eval([c.state for c in self._head_caches])
+            self.head(inputs[:, start:end], hidden[:, start:end], self._drafter_caches)
+            roll_back(self._drafter_caches, [max(accepted) - a for a in accepted])
+            mx.async_eval([c.state for c in self._drafter_caches])
         rows = mx.arange(len(accepted))
         self._hidden = verified[rows, mx.array(accepted)][:, None, :]
         mx.async_eval(self._hidden)

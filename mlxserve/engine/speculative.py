@@ -171,8 +171,8 @@ class SpeculativeBatch(GenerationBatch):
         row i's first `lengths[i]` count); each row keeps what its sampler agrees with, and
         nothing drafted where `expected[i]` (if given) is not its next token."""
         inputs = mx.concatenate([self._next_tokens[:, None], drafted], axis=1)
-        before = _recurrent_states(self.prompt_cache[: self.layers])
-        logits = self.model(inputs, cache=self.prompt_cache[: self.layers])
+        before = _recurrent_states(self._model_caches)
+        logits = self.model(inputs, cache=self._model_caches)
         logits = self._processed(inputs, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = self._sample(logprobs, [n + 1 for n in lengths])
@@ -255,16 +255,22 @@ class SpeculativeBatch(GenerationBatch):
         if before:
             self._replay(inputs, unkept, before)
         else:
-            roll_back(self.prompt_cache[: self._model_layers], unkept)
+            roll_back(self._model_caches, unkept)
         self._settle_drafter(inputs, kept, unkept)
 
     def _settle_drafter(self, inputs: mx.array, kept: list[list[int]], unkept: list[int]) -> None:
         """A draft model's caches took the pass's positions too (see DraftModelBatch)."""
-        roll_back(self.prompt_cache[self._model_layers :], unkept)
+        roll_back(self._drafter_caches, unkept)
 
     @property
-    def _model_layers(self) -> int:
-        return len(self.prompt_cache) if self.layers is None else self.layers
+    def _model_caches(self) -> list[Any]:
+        """The model's caches in the batch's cache list (the first `layers`)."""
+        return self.prompt_cache[: self.layers]
+
+    @property
+    def _drafter_caches(self) -> list[Any]:
+        """A draft model's or head's caches, after the model's (none without one)."""
+        return self.prompt_cache[self.layers :] if self.layers is not None else []
 
     def _replay(self, inputs: mx.array, unkept: list[int], before: list) -> None:
         """Roll back a model with recurrent layers (whose state cannot drop positions):
@@ -274,7 +280,7 @@ class SpeculativeBatch(GenerationBatch):
         if not any(unkept):
             return
         width = inputs.shape[1]
-        caches = self.prompt_cache[: self._model_layers]
+        caches = self._model_caches
         for cache in caches:
             if isinstance(cache, ArraysCache):
                 cache.cache = before.pop(0)
@@ -353,7 +359,7 @@ class DraftModelBatch(SpeculativeBatch):
         drafting = [per_position(p) for p in self.logits_processors]
         if not any(drafting):
             return GenerationBatch.next(self)
-        draft_caches = self.prompt_cache[self.layers :]
+        draft_caches = self._drafter_caches
         last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self._next_tokens.dtype)
         fed = mx.stack([last, self._next_tokens], axis=1)
         drafted = []
@@ -369,7 +375,7 @@ class DraftModelBatch(SpeculativeBatch):
         one token behind."""
         last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self._next_tokens.dtype)
         result = super()._step()
-        mx.async_eval(self.draft_model(last[:, None], cache=self.prompt_cache[self.layers :]))
+        mx.async_eval(self.draft_model(last[:, None], cache=self._drafter_caches))
         return result
 
     def extract_cache(self, idx: int) -> list[Any]:

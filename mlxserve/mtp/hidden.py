@@ -89,9 +89,5 @@ class HiddenCapture:
             self.hidden = final
         return self.readout(final)
 
-    @property
-    def layers(self) -> Any:
-        return self.inner.layers
-
     def make_cache(self) -> list[Any]:
         return make_prompt_cache(self.inner)
