@@ -162,6 +162,15 @@ def start_worker(
     config: ServerConfig, provider: ModelProvider, budget: int, lockstep: Lockstep | None
 ) -> GenerationWorker:
     """The generation thread, started, with every served model loaded."""
+    worker = idle_worker(config, provider, budget, lockstep)
+    load_served(worker, provider)
+    return worker
+
+
+def idle_worker(
+    config: ServerConfig, provider: ModelProvider, budget: int, lockstep: Lockstep | None
+) -> GenerationWorker:
+    """The generation thread, started, with MLX's buffer cache bounded; no model yet."""
     disk = None
     if config.prompt_cache_dir is not None:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
@@ -181,6 +190,11 @@ def start_worker(
     )
     worker.start()
     worker.call(lambda: _bound_buffer_cache(config, budget))
+    return worker
+
+
+def load_served(worker: GenerationWorker, provider: ModelProvider) -> None:
+    """Load every served model on the generation thread (a bad one ends the server)."""
     for name, spec in provider.served.items():
         start = time.perf_counter()
         try:
@@ -190,7 +204,6 @@ def start_worker(
         log.info(
             "Serving %r from %s (ready in %.1fs)", name, spec.path, time.perf_counter() - start
         )
-    return worker
 
 
 def follow(config: ServerConfig, world: World) -> None:

@@ -301,8 +301,15 @@ class GenerationWorker:
         return step
 
     def trace(self) -> int:
-        """A hash of every token the batches generated so far (see LoopStep.trace)."""
-        return hash(tuple(s.trace for s in self._sessions.values() if isinstance(s, BatchSession)))
+        """A hash of every token the batches generated so far (see LoopStep.trace). A batch
+        that has generated nothing counts as none: rank 0 publishes a step each time its
+        loop wakes, start-up calls included, and a rank that follows once its model is
+        loaded must match the steps rank 0 published before it had loaded its own."""
+        return hash(
+            tuple(
+                s.trace for s in self._sessions.values() if isinstance(s, BatchSession) and s.trace
+            )
+        )
 
     def _local_call(self) -> LoopStep:
         """A following rank before it follows: run the next local call (loading its model)."""

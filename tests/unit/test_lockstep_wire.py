@@ -1,22 +1,28 @@
 """A loop step as rank 0 publishes it and another rank rebuilds it: the same prompts,
 parameters, checkpoints and choices, a grammar compiled again from its source, the
-cancellations naming the rebuilt jobs, the token hash and the stop flag; and a line that
-closes without a last step stops the follower as lost."""
+cancellations naming the rebuilt jobs, the token hash and the stop flag; a line that
+closes without a last step stops the follower as lost; and a following rank replays the
+steps rank 0 published while it started, before its model loaded."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+from mlxserve.config import ModelSettings, ServerConfig
 from mlxserve.distributed.lockstep import Follower, Leader
+from mlxserve.distributed.world import World
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.lockstep import LoopStep
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.provider import ModelProvider, ModelSpec
+from mlxserve.server import idle_worker, load_served, start_worker
 from mlxserve.structured import lark
 from mlxserve.structured.matcher import Grammar
 
@@ -83,3 +89,29 @@ def test_a_step_crosses_the_line_whole(tokenizer):
     assert step.cancelled == [rebuilt[1]] and step.stop and not follower.lost
 
     assert follower.receive().stop and follower.lost  # the line closed: rank 0 is gone
+
+
+def test_a_follower_replays_the_steps_rank_0_published_before_its_model_loaded(
+    tiny_model, tokenizer
+):
+    """Rank 0 publishes a step each time its loop wakes, start-up calls included; its main
+    thread slow between two of them (a loaded machine), a step goes out before its model
+    has loaded. The other rank, which follows once its own model is loaded, must not read
+    that step's token hash as a divergence. (Both ranks in one process, a group of one.)"""
+    config = ServerConfig(models=(ModelSettings(str(tiny_model)),), speculation="off")
+    world, line, failures = World(mx.distributed.init(), 0, 1), Line(), []
+    budget = 4 * 2**30
+    provider = ModelProvider(config, [tiny_model], None)
+    leader = idle_worker(config, provider, budget, Leader(world, line, failures.append))
+    time.sleep(0.1)  # longer than the loop gathers calls: it publishes a step
+    load_served(leader, provider)
+    leader.stop()  # its last step goes out too
+    assert len(line.messages) >= 3 and line.last[-1]
+
+    provider = ModelProvider(config, [tiny_model], None)
+    follower = Follower(world, line, provider.default, tokenizer, failures.append)
+    worker = start_worker(config, provider, budget, follower)
+    worker.follow()
+    worker.wait()
+    assert failures == [] and not follower.lost
+    assert line.messages == []
