@@ -212,6 +212,9 @@ def follow(config: ServerConfig, world: World) -> None:
     paths, budget = _models_and_budget(config)
     cluster = Cluster(world, config, paths, budget)
     assert cluster.link is not None
+    # From the first moment: rank 0 starts watching once every rank has loaded, and a
+    # heartbeat started only then could come late.
+    cluster.link.beat(on_lost=lambda: _leave(1, "Lost the line to rank 0; stopping"))
     provider = ModelProvider(config, paths, cluster.split)
     spec = provider.default
     lockstep = Follower(
@@ -220,7 +223,6 @@ def follow(config: ServerConfig, world: World) -> None:
     worker = start_worker(config, provider, cluster.startup.memory_budget, lockstep)
     worker.call(cluster.seed)
     cluster.check_even(worker.call(lambda: worker.accounting(spec)))
-    cluster.link.beat(on_lost=lambda: _leave(1, "Lost the line to rank 0; stopping"))
     # Ctrl-C reaches every rank the launcher started on this machine: rank 0 stops the
     # group (its last step says so), so the others let it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

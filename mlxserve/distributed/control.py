@@ -19,6 +19,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,12 +187,12 @@ class Link:
         """Send heartbeats from a thread until the line breaks, then call `on_lost`."""
 
         def run() -> None:
-            stop = threading.Event()
-            while not stop.wait(HEARTBEAT_SECONDS):
+            while True:
                 try:
                     self._sock.sendall(b"\0")
                 except OSError:
                     on_lost()
                     return
+                time.sleep(HEARTBEAT_SECONDS)
 
         threading.Thread(target=run, name="heartbeat", daemon=True).start()
