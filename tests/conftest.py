@@ -31,6 +31,7 @@ import vision_fixture
 from mlxserve.models.demo import cache_root
 
 STARTUP_SECONDS = 180
+LOG_LINES_ON_FAILURE = 80  # the tail of each server's log a failed test's report shows
 
 
 @dataclass
@@ -143,7 +144,12 @@ def start_server(
     if not ready.wait(STARTUP_SECONDS) or not url:
         process.kill()
         raise RuntimeError("mlxserve did not start:\n" + "".join(log))
-    return Server(process, url[0], log, group=ranks > 1)
+    server = Server(process, url[0], log, group=ranks > 1)
+    _STARTED.append(server)
+    return server
+
+
+_STARTED: list[Server] = []  # every server of the session, in order (their logs on failure)
 
 
 def _free_ports(count: int) -> int:
@@ -375,12 +381,22 @@ def image_dir(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.first_server = len(_STARTED)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     """Each phase's report on the test item (rep_setup, rep_call, rep_teardown), for
-    fixtures that act on a failure (the web app's screenshots)."""
+    fixtures that act on a failure (the web app's screenshots). A failure's report ends
+    with the log of each server started for the test (a flake says why it happened)."""
     report = yield
     setattr(item, f"rep_{report.when}", report)
+    if report.failed:
+        for srv in _STARTED[getattr(item, "first_server", len(_STARTED)) :]:
+            tail = "".join(srv.log[-LOG_LINES_ON_FAILURE:])
+            report.sections.append((f"mlxserve log of {srv.url} ({report.when})", tail))
     return report
 
 
