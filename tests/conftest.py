@@ -134,6 +134,8 @@ def start_server(
 
     def read_output() -> None:
         for line in process.stdout:
+            if ranks > 1 and not log:  # the launcher's threads relay it: they all exist now
+                _yield_the_cpu(process.pid)
             log.append(line)
             if "mlxserve is ready:" in line and not ready.is_set():
                 url.append(line.split("ready:")[1].split()[0].removesuffix("/v1"))
@@ -144,8 +146,6 @@ def start_server(
     if not ready.wait(STARTUP_SECONDS) or not url:
         process.kill()
         raise RuntimeError("mlxserve did not start:\n" + "".join(log))
-    if ranks > 1:
-        _yield_the_cpu(process.pid)
     server = Server(process, url[0], log, group=ranks > 1)
     _STARTED.append(server)
     return server
@@ -156,11 +156,14 @@ _STARTED: list[Server] = []  # every server of the session, in order (their logs
 
 def _yield_the_cpu(launcher: int) -> None:
     """mlx.launch (0.32.4) polls its ranks' pipes without waiting, 1.5 cores busy while the
-    ranks idle (README, Several Macs): its threads at the lowest priority, it takes the
-    cores only when nothing else wants them (what it does is unchanged)."""
-    for thread in os.listdir(f"/proc/{launcher}/task"):
+    ranks idle (README, Several Macs): its threads at the lowest priority from its first
+    line on (before the ranks measure this device), it takes the cores only when nothing
+    else wants them (what it does is unchanged). Linux sets a priority per thread; macOS,
+    which has no /proc, per process."""
+    tasks = Path(f"/proc/{launcher}/task")
+    for thread in [int(t) for t in os.listdir(tasks)] if tasks.is_dir() else [launcher]:
         with contextlib.suppress(ProcessLookupError):
-            os.setpriority(os.PRIO_PROCESS, int(thread), 19)
+            os.setpriority(os.PRIO_PROCESS, thread, 19)
 
 
 def _free_ports(count: int) -> int:
