@@ -4,6 +4,7 @@ with the message, the loop starts again, and the server keeps serving."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ from conversations import BY_NAME
 from test_http import endless
 
 from mlxserve.config import ModelSettings, ServerConfig
-from mlxserve.engine import batch
+from mlxserve.engine import batch, worker
 from mlxserve.server import build_server
 
 CHAT = "/v1/chat/completions"
@@ -51,6 +52,10 @@ def failing_once(monkeypatch):
 
 
 def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_once, monkeypatch):
+    """The loop is back before the clients hear of the failure: /health right after the
+    500s says ok (the restart made slow, so that an order the other way round shows)."""
+    reseed = worker.reseed_random
+    monkeypatch.setattr(worker, "reseed_random", lambda: (time.sleep(0.5), reseed()))
     with in_process(tiny_model, monkeypatch) as client:
         bodies = [endless(tiny_model, max_tokens=3000), BY_NAME["capital"].request]
         with ThreadPoolExecutor(2) as pool:

@@ -238,16 +238,18 @@ class GenerationWorker:
             try:
                 self._serve()
             except Exception as e:
-                self._serving.clear()
                 if self._lockstep is not None:
+                    self._serving.clear()
                     log.error("The generation loop failed: %s", e)
                     self._stopping = True
                     self._fail_in_flight(unavailable(f"The distributed group failed: {e}"))
                     self._lockstep.failed(e)
                     break
+                # Alone, the loop restarts at once and stays serving: ready again before the
+                # clients hear of the failure, a retry (or /health) right after finds it so.
                 log.exception("The generation loop failed; restarting it")
-                self._fail_in_flight(internal_error(f"Generation failed: {e}"))
                 reseed_random()
+                self._fail_in_flight(internal_error(f"Generation failed: {e}"))
         self._fail_in_flight(unavailable(SHUTTING_DOWN))
         self._fail_waiting(unavailable(SHUTTING_DOWN))
         self._cache.flush()
