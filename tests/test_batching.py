@@ -62,12 +62,10 @@ def test_greedy_output_is_identical_alone_and_batched(
     srv = launch(model, "--prompt-cache-size", "0", *flags)
     alone = [tokens_and_message(srv, c.request, streamed=False) for c in conversations]
     assert all(tokens for tokens, _ in alone)
-    background = endless_stream(srv, model, ENDS[model_fixture])
-    try:
-        jobs = [(c.request, i % 2 == 0) for i, c in enumerate(conversations)]
-        batched = concurrently(lambda job: tokens_and_message(srv, *job), jobs)
-    finally:
-        background.close()
+    jobs = [(c.request, i % 2 == 0) for i, c in enumerate(conversations)]
+    batched = beside_a_stream(
+        srv, model, ENDS[model_fixture], lambda job: tokens_and_message(srv, *job), jobs
+    )
     assert batched == alone
 
 
@@ -86,6 +84,16 @@ def endless_stream(srv, model, ends):
     assert response.status == 200
     response.readline()  # the stream has started: the batch is running
     return conn
+
+
+def beside_a_stream(srv, model, ends, fn, items) -> list:
+    """`fn` over `items` all at once while an endless stream runs: each joins a running
+    batch."""
+    background = endless_stream(srv, model, ends)
+    try:
+        return concurrently(fn, items)
+    finally:
+        background.close()
 
 
 def test_seeded_sampling_is_the_same_alone_and_batched(server):

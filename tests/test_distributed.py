@@ -23,7 +23,7 @@ import pytest
 from conftest import start_server
 from conversations import BY_NAME, CONVERSATIONS
 from sse import open_stream
-from test_batching import ENDS, concurrently, endless_stream, tokens_and_message
+from test_batching import ENDS, beside_a_stream, concurrently, tokens_and_message
 from test_http import endless
 from test_structured import NO_THINKING, SCHEMAS, assert_valid, constrained
 
@@ -111,11 +111,9 @@ def test_greedy_replies_equal_the_single_process_servers(server, pair, conv):
 def test_all_at_once_beside_a_running_stream(server, pair, tiny_model):
     """Every request joins a running batch; each gets its reply alone."""
     alone = [answer(server, c.request) for c in CONVERSATIONS]
-    background = endless_stream(pair, tiny_model, ENDS["tiny_model"])
-    try:
-        batched = concurrently(lambda c: answer(pair, c.request), CONVERSATIONS)
-    finally:
-        background.close()
+    batched = beside_a_stream(
+        pair, tiny_model, ENDS["tiny_model"], lambda c: answer(pair, c.request), CONVERSATIONS
+    )
     for single, distributed in zip(alone, batched, strict=True):
         assert_same(single, distributed)
 

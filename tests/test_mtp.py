@@ -24,7 +24,7 @@ import pytest
 from conftest import Server
 from conversations import BY_NAME, CONVERSATIONS, ECHO
 from scipy.stats import chi2_contingency
-from test_batching import ENDS, concurrently, endless_stream
+from test_batching import ENDS, beside_a_stream, concurrently
 from test_speculation import CHAT, accepted, assert_same, reply, speculated
 
 PLAIN = ("--speculation", "off", "--prompt-cache-size", "0")
@@ -107,11 +107,9 @@ def test_batched_every_request_gets_its_plain_reply(family):
     keeps a different number of tokens, and the head's cache follows each row's."""
     off, on = family.off, family.on
     plain = [reply(off, c.request) for c in CONVERSATIONS]
-    background = endless_stream(on, family.model, ENDS["tiny_model"])
-    try:
-        batched = concurrently(lambda c: reply(on, c.request), CONVERSATIONS)
-    finally:
-        background.close()
+    batched = beside_a_stream(
+        on, family.model, ENDS["tiny_model"], lambda c: reply(on, c.request), CONVERSATIONS
+    )
     for p, b in zip(plain, batched, strict=True):
         assert_same(p, b)
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from conversations import AGENT_REPLY, BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS, LONG_ANSWER
 from sse import chat_text, open_stream
-from test_batching import ENDS, concurrently, endless_stream, tokens_and_message
+from test_batching import ENDS, beside_a_stream, endless_stream, tokens_and_message
 from test_chat import server_model
 from test_http import endless
 
@@ -92,14 +92,13 @@ def test_chunked_prefill_gives_the_same_tokens(request, launch, model_fixture, c
     jobs = [c.request for c in conversations] + [long_request(800, max_tokens=20), seeded]
     jobs += [stopped] if model_fixture == "tiny_model" else []
     alone = [tokens_and_message(whole, body, streamed=False) for body in jobs]
-    background = endless_stream(chunked, model, ENDS[model_fixture])
-    try:
-        together = concurrently(
-            lambda i: tokens_and_message(chunked, jobs[i], streamed=i % 2 == 0),
-            list(range(len(jobs))),
-        )
-    finally:
-        background.close()
+    together = beside_a_stream(
+        chunked,
+        model,
+        ENDS[model_fixture],
+        lambda i: tokens_and_message(chunked, jobs[i], streamed=i % 2 == 0),
+        list(range(len(jobs))),
+    )
     assert together == alone
     if model_fixture == "tiny_model":
         assert alone[-1][1]["content"] == LONG_ANSWER.split("blue boat")[0]

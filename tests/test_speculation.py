@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from conversations import BY_NAME, CONVERSATIONS, ECHO, ECHO_CODE, ECHO_CONVERSATIONS
-from test_batching import ENDS, concurrently, endless_stream
+from test_batching import ENDS, beside_a_stream, concurrently
 from test_observability import metrics
 from test_structured import NO_THINKING, constrained
 from transformers import AutoTokenizer
@@ -120,11 +120,13 @@ def test_batched_speculation_gives_every_request_its_plain_reply(
     each keeps a different number of tokens."""
     off, on = request.getfixturevalue(pair)
     plain = [reply(off, c.request) for c in conversations]
-    background = endless_stream(on, request.getfixturevalue(model), ENDS["tiny_model"])
-    try:
-        batched = concurrently(lambda c: reply(on, c.request), conversations)
-    finally:
-        background.close()
+    batched = beside_a_stream(
+        on,
+        request.getfixturevalue(model),
+        ENDS["tiny_model"],
+        lambda c: reply(on, c.request),
+        conversations,
+    )
     for p, b in zip(plain, batched, strict=True):
         assert_same(p, b)
 
@@ -211,13 +213,13 @@ def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
     for _ in range(2):  # the second time from the prompt cache
         for message, body in expected:
             assert reply(srv, body)[0]["message"] == message
-    background = endless_stream(srv, tiny_model, ENDS["tiny_model"])
-    try:
-        batched = concurrently(
-            lambda body: reply(srv, body)[0]["message"], [b for _, b in expected]
-        )
-    finally:
-        background.close()
+    batched = beside_a_stream(
+        srv,
+        tiny_model,
+        ENDS["tiny_model"],
+        lambda body: reply(srv, body)[0]["message"],
+        [b for _, b in expected],
+    )
     assert batched == [m for m, _ in expected]
     assert speculated(srv, "drafted") > 0
     if draft == "tiny_model":
