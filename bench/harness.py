@@ -18,7 +18,11 @@ from pathlib import Path
 
 import psutil
 
-MODULES = {"mlxserve": "mlxserve", "mlx_lm.server": "mlx_lm.server"}
+MODULES = {
+    "mlxserve": "mlxserve",
+    "mlx_lm.server": "mlx_lm.server",
+    "mlx_vlm.server": "mlx_vlm.server",
+}
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Target:
     def __init__(self, kind: str, model: Path, *args: str, ranks: int = 1):
         """`ranks` > 1: `mlx.launch --backend ring` on this machine starts the server."""
         self.kind = kind
+        self.model = str(model)
         self.port = free_port()
         self.ranks = ranks
         command = [sys.executable, "-m", MODULES[kind], "--model", str(model)]

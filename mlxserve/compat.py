@@ -69,6 +69,15 @@ def install_generation_batch(generator: Any, batch: Any) -> None:
     generator._generation_batch = batch
 
 
+def register_cache_class(cls: type) -> None:
+    """mlx-lm's `load_prompt_cache` finds each cache's class by name among its module's
+    names: a cache class of ours (engine/vision_rows.py's RopeDeltas) is added there, so
+    the disk tier reads it back."""
+    import mlx_lm.models.cache
+
+    setattr(mlx_lm.models.cache, cls.__name__, cls)
+
+
 def forget_vision_positions(language_model: Any) -> None:
     """Qwen-VL language models keep the last request's positions; the next request
     computes its own."""

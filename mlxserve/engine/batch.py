@@ -33,6 +33,7 @@ from mlxserve.engine.speculative import (
     speculate_in,
     verify_cost,
 )
+from mlxserve.engine.vision_rows import RopeDeltas, VisionRow, batch_model
 from mlxserve.models.provider import LoadedModel
 from mlxserve.mtp.hidden import HiddenCapture, splits_exactly
 from mlxserve.protocol.errors import bad_request
@@ -48,10 +49,9 @@ def reserved_tokens(job: GenerationJob) -> int:
 
 
 def can_batch(loaded: LoadedModel) -> bool:
-    """Batching (mlx-lm's BatchGenerator) needs a text model whose caches merge into
-    batch caches; with a draft model, caches that can drop the drafts they reject."""
-    if loaded.spec.vision:
-        return False
+    """Batching (mlx-lm's BatchGenerator) needs a model whose caches merge into batch
+    caches (a vision model's language model's too, see `vision_rows`); with a draft
+    model, caches that can drop the drafts they reject."""
     caches = _fresh_caches(loaded, None)
     if not all(hasattr(c, "merge") for c in caches):
         return False
@@ -60,8 +60,20 @@ def can_batch(loaded: LoadedModel) -> bool:
 
 def _fresh_caches(loaded: LoadedModel, head: Any) -> list[Any]:
     """A sequence's empty caches: the model's, then its draft model's or MTP head's."""
-    models = [loaded.model, loaded.draft_model, head]
+    models = [batch_model(loaded.model, loaded.spec.vision), loaded.draft_model, head]
     return [c for m in models if m is not None for c in make_prompt_cache(m)]
+
+
+def _key_tokens(job: GenerationJob) -> list[int]:
+    """The prompt as the prompt cache knows it: a vision prompt's images stand as ids
+    hashed from their bytes (see `PromptImages.cache_tokens`)."""
+    return job.images.cache_tokens if job.images is not None else job.prompt
+
+
+def _exact_prefix_only(cache: Any) -> bool:
+    """Whether a cache cannot always be trimmed back to an earlier position (a hybrid
+    model's recurrent state, a sliding window once wrapped)."""
+    return type(cache) not in (KVCache, RopeDeltas)
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,11 @@ class _Sequence:
     job: GenerationJob
     output: SequenceOutput
 
+    def key_tokens(self, tokens: list[int]) -> list[int]:
+        """The sequence's tokens (its prompt, then what it generated) as the prompt cache
+        keys them."""
+        return _key_tokens(self.job) + list(tokens[len(self.job.prompt) :])
+
 
 @dataclass(eq=False)
 class _Admitted:
@@ -91,12 +108,14 @@ class _Admitted:
     jobs: list[GenerationJob]
     hit: CacheHit
     arrived: float
+    vision: VisionRow | None = None  # a vision model's row, once its processing began
 
     def view(self, now: float) -> Waiting:
         return Waiting(len(self.hit.rest), len(self.jobs), now - self.arrived)
 
     def processed(self) -> list[int]:
-        prompt = self.jobs[0].prompt
+        """The prompt's tokens processed so far, as the prompt cache keys them."""
+        prompt = _key_tokens(self.jobs[0])
         return prompt[: len(prompt) - len(self.hit.rest)]
 
 
@@ -118,10 +137,11 @@ class BatchSession:
         lockstep, the largest of every rank's value of a measurement (see
         engine.lockstep)."""
         self._loaded = loaded
+        self._model = batch_model(loaded.model, loaded.spec.vision)  # what the batch calls
         self._clock = clock
         self._worst = worst or (lambda value: value)
         self._traced = worst is not None  # ranks run this batch in lockstep
-        self._layers = len(make_prompt_cache(loaded.model))  # the model's own caches
+        self._layers = len(make_prompt_cache(self._model))  # the model's own caches
         self._draft_tokens = draft_tokens
         self._cache = cache
         self._limits = limits
@@ -145,10 +165,10 @@ class BatchSession:
             # Caches that cannot always be trimmed back (a hybrid model's recurrent state,
             # a sliding window once wrapped) are reusable only from an exact prefix.
             # (A pipeline rank holds some of the layers: every rank takes the model's answer.)
-            self.checkpoints = bool(self._worst(any(type(c) is not KVCache for c in fresh)))
+            self.checkpoints = bool(self._worst(any(_exact_prefix_only(c) for c in fresh)))
             if self._quantization is not None:
                 fresh = self._quantization.quantized(fresh)
-            self.footprint = measure_footprint(loaded.model, fresh[: self._layers])
+            self.footprint = measure_footprint(self._model, fresh[: self._layers])
             if loaded.draft_model is not None:
                 self.footprint += measure_footprint(loaded.draft_model, fresh[self._layers :])
             if self._head is not None:
@@ -160,7 +180,7 @@ class BatchSession:
             ) from e
         tokenizer = loaded.tokenizer
         self._generator = BatchGenerator(
-            cast(Any, self._capture) if self._capture is not None else loaded.model,
+            cast(Any, self._capture) if self._capture is not None else self._model,
             stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
             completion_batch_size=limits.decode,
             prefill_batch_size=limits.decode,  # the scheduler decides what joins together
@@ -198,7 +218,7 @@ class BatchSession:
     def _pays(self, width: int, head: Any) -> bool:
         """Whether verifying `width` tokens (drafted by `head`, if given) costs this device
         at most half the steps it can save."""
-        cost = self._worst(verify_cost(self._loaded.model, width, head))
+        cost = self._worst(verify_cost(self._model, width, head))
         log.info(
             "Drafting and verifying %d tokens costs %.1f steps of one on this device", width, cost
         )
@@ -224,7 +244,7 @@ class BatchSession:
             else "the KV cache is quantized"
             if self._limits.kv_bits
             else "its caches cannot drop rejected drafts"
-            if not can_roll_back(make_prompt_cache(self._loaded.model))
+            if not can_roll_back(make_prompt_cache(self._model))
             else "its logits are more than its output head over its last hidden state"
             if not splits_exactly(self._loaded.model)
             else "drafting cannot pay on this device"
@@ -283,11 +303,13 @@ class BatchSession:
         """Queue a job. Jobs with the same prompt (a request's `n` choices, or a burst of
         clients sending one prompt) wait together: the prompt is processed once and each
         job continues from a copy of its cache."""
+        prompt = _key_tokens(job)
         for admitted in self._admitted:
-            if admitted.jobs[0].prompt == job.prompt:
+            if _key_tokens(admitted.jobs[0]) == prompt:
                 admitted.jobs.append(job)
                 return
-        hit = self._cache.fetch(self._key, self._fresh, job.prompt)
+        reusable = job.images.reusable if job.images is not None else None
+        hit = self._cache.fetch(self._key, self._fresh, prompt, reusable)
         if self._quantization is not None and hit.rest:
             hit.cache = self._quantization.plain(hit.cache)
         self._admitted.append(_Admitted([job], hit, self._clock()))
@@ -311,7 +333,7 @@ class BatchSession:
             sequence = self._sequences[r.uid]
             hit_stop = sequence.output.add(r.token, r.logprobs, r.finish_reason)
             if r.finish_reason is not None:
-                self._cache.store(self._key, list(r.all_tokens), r.prompt_cache)
+                self._cache.store(self._key, sequence.key_tokens(r.all_tokens), r.prompt_cache)
                 sequence.output.finish(r.finish_reason)
                 finished.append(r.uid)
             elif hit_stop:
@@ -349,8 +371,10 @@ class BatchSession:
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
             # The draft model's caches take the prompt here too; the batch feeds only the
             # model.
+            # A vision row's prompt is processed here too: the batch feeds only tokens.
             drafter = self._loaded.draft_model is not None or self._head is not None
-            if self.checkpoints or self._quantization is not None or drafter:
+            vision = self._loaded.spec.vision
+            if self.checkpoints or self._quantization is not None or drafter or vision:
                 self._to_last_token(admitted)
             hit = admitted.hit
             for i, job in enumerate(jobs):
@@ -385,15 +409,21 @@ class BatchSession:
         """Process the next `tokens` of a waiting prompt into its cache, keeping a
         checkpoint at each of the job's checkpoint positions passed on the way."""
         hit = admitted.hit
-        done = len(admitted.jobs[0].prompt) - len(hit.rest)
+        job = admitted.jobs[0]
+        done = len(job.prompt) - len(hit.rest)
         end = done + tokens
-        marks = admitted.jobs[0].checkpoints if self.checkpoints else ()
+        marks = job.checkpoints if self.checkpoints else ()
+        if self._loaded.spec.vision and admitted.vision is None:
+            admitted.vision = VisionRow.prepare(self._model, job, done)
+            admitted.vision.start(hit.cache[: self._layers])
         for stop in sorted({*(m for m in marks if done < m < end), end}):
-            count, done = stop - done, stop
+            start, count, done = done, stop - done, stop
             if count <= 0:
                 continue
             chunk = mx.array(hit.rest[:count])[None]
-            if self._head is not None:
+            if admitted.vision is not None:
+                admitted.vision.process(self._model, job.prompt[start:stop], start, hit.cache)
+            elif self._head is not None:
                 self._head_prefill(hit, count)
             else:
                 self._loaded.model(chunk, cache=hit.cache[: self._layers])
@@ -437,7 +467,7 @@ class BatchSession:
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer
         params = job.params
-        rest = hit.rest
+        rest = job.prompt[len(job.prompt) - len(hit.rest) :]  # real tokens, not image keys
         if self._quantization is not None:  # the batch quantizes from here
             cache = self._quantization.quantized(cache)
         (uid,) = self._generator.insert(
@@ -455,7 +485,7 @@ class BatchSession:
         if not uids:
             return
         caches = self._generator.remove(uids, return_prompt_caches=keep_cache)
-        for cache, tokens in caches.values():
-            self._cache.store(self._key, list(tokens), cache)
+        for uid, (cache, tokens) in caches.items():
+            self._cache.store(self._key, self._sequences[uid].key_tokens(tokens), cache)
         for uid in uids:
             del self._sequences[uid]

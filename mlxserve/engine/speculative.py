@@ -38,6 +38,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
 from mlxserve.engine.values import int_rows
+from mlxserve.engine.vision_rows import RopeDeltas
 
 NGRAM_SIZES = (4, 3, 2)  # the context's last n tokens looked up, longest first
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
@@ -413,8 +414,9 @@ def _recurrent_states(caches: list[Any]) -> list[list[Any]]:
 
 def can_roll_back(caches: list[Any]) -> bool:
     """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed;
-    recurrent states are taken again from where the pass began (see `_replay`)."""
-    return all(type(c) in (KVCache, ArraysCache) for c in caches)
+    recurrent states are taken again from where the pass began (see `_replay`); a vision
+    row's RoPE delta holds no positions."""
+    return all(type(c) in (KVCache, ArraysCache, RopeDeltas) for c in caches)
 
 
 def per_position(processors) -> bool:

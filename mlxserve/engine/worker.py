@@ -494,7 +494,7 @@ class GenerationWorker:
             )
         if not can_batch(loaded):
             why = (
-                "a vision model"
+                "a vision model whose caches do not batch"
                 if loaded.spec.vision
                 else "a draft model beside caches that cannot drop its rejected drafts"
             )

@@ -1,0 +1,163 @@
+"""Vision-language serving: mlxserve against mlx-vlm's own server (`python -m
+mlx_vlm.server`), in one run, at 1, 4 and 8 concurrent streams, text-only and with one
+image each.
+
+The model is a random-weight qwen2_vl with the bench models' 256-wide, 4-layer language
+model and the vision fixture's tokenizer, processor and vision tower
+(tests/fixtures/vision_fixture.py). Each request streams 128 tokens at temperature 1 (end
+tokens forbidden by logit_bias where the server honours it); each image is fresh noise,
+so no cache of either server sees it twice. Rounds alternate the servers; figures are the
+median over rounds and the ratio mlxserve / mlx_vlm.server.
+
+    make bench-vlm
+    make bench-vlm ARGS="--rounds 3 --streams 1 8"
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import random
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from harness import Reply, Target
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures"))
+import vision_fixture
+
+SERVERS = ("mlxserve", "mlx_vlm.server")
+LANGUAGE = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "intermediate_size": 704,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
+MAX_TOKENS = 128
+QUESTION = "Describe what you see, then tell a long story about it."
+_noise = random.Random(0)
+
+
+def build_model() -> Path:
+    """The bench's qwen2_vl folder, built once under the mlxserve cache."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+    from models import device_dtype
+
+    from mlxserve.models.demo import cache_root
+
+    dtype = device_dtype()
+    out = cache_root() / "bench" / f"qwen2-vl-256-{dtype}"
+    if (out / "model.safetensors").is_file():
+        return out
+    fixture = vision_fixture.build(cache_root() / "fixtures")
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(fixture, partial, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = {**json.loads((fixture / "config.json").read_text()), **LANGUAGE}
+    # the vision tower's merger writes the language model's width
+    config["vision_config"] = {**config["vision_config"], "hidden_size": LANGUAGE["hidden_size"]}
+    config["torch_dtype"] = dtype
+    (partial / "config.json").write_text(json.dumps(config, indent=2))
+    mx.random.seed(0)
+    module, _ = get_model_and_args(dict(config))
+    settings = {**config, "text_config": {}}
+    model_config = module.ModelConfig.from_dict(settings)
+    model = module.Model(update_module_configs(model_config, module, settings, ["text", "vision"]))
+    model.set_dtype(getattr(mx, dtype))
+    mx.save_safetensors(str(partial / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    return out
+
+
+def noise_image() -> str:
+    """A fresh 112x112 noise PNG as a data URI (16 image tokens for this processor)."""
+    from PIL import Image
+
+    size = 112
+    pixels = bytes(_noise.randrange(256) for _ in range(size * size * 3))
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (size, size), pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def messages(image: bool) -> list[dict]:
+    opening = f"Request {time.time_ns()}. {QUESTION}"
+    if not image:
+        return [{"role": "user", "content": opening}]
+    content = [{"type": "image_url", "image_url": {"url": noise_image()}}]
+    return [{"role": "user", "content": [*content, {"type": "text", "text": opening}]}]
+
+
+def run(target: Target, streams: int, image: bool, logit_bias: dict) -> dict[str, float]:
+    requests = [(messages(image), MAX_TOKENS) for _ in range(streams)]
+    # mlx_vlm.server wants the model named in each request; mlxserve serves its default
+    models = [target.model] * streams if target.kind == "mlx_vlm.server" else None
+    started = time.perf_counter()
+    replies: list[Reply] = target.chat_together(
+        requests, logit_bias, models=models, temperature=1.0
+    )
+    ended = max(r.finished for r in replies)
+    tokens = sum(r.completion_tokens for r in replies)
+    target.settle()
+    return {
+        "aggregate tok/s": tokens / (ended - started),
+        "slowest first token s": max(r.ttft for r in replies),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
+    args = parser.parse_args()
+    model = build_model()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ends = ("<|im_end|>", "<|endoftext|>")
+    logit_bias = {str(tokenizer.convert_tokens_to_ids(t)): -100 for t in ends}
+    results: dict[tuple, list[float]] = {}
+    for _ in range(args.rounds):
+        for kind in SERVERS:
+            extra = ("--host", "127.0.0.1") if kind == "mlx_vlm.server" else ()
+            target = Target(kind, model, *extra)
+            try:
+                run(target, 1, True, logit_bias)  # warm up both paths
+                run(target, 1, False, logit_bias)
+                for streams in args.streams:
+                    for image in (False, True):
+                        figures = run(target, streams, image, logit_bias)
+                        for name, value in figures.items():
+                            results.setdefault((streams, image, name, kind), []).append(value)
+            finally:
+                target.stop()
+    report(results, args.streams, args.rounds)
+
+
+def report(results: dict, streams: list[int], rounds: int) -> None:
+    print(f"\n{rounds} rounds, medians; ratio = mlxserve / mlx_vlm.server")
+    print("| streams | prompt | figure | mlxserve | mlx_vlm.server | ratio |")
+    print("|---|---|---|---|---|---|")
+    for n in streams:
+        for image in (False, True):
+            for name in ("aggregate tok/s", "slowest first token s"):
+                ours, theirs = (
+                    statistics.median(results[(n, image, name, kind)]) for kind in SERVERS
+                )
+                prompt = "one image" if image else "text only"
+                print(
+                    f"| {n} | {prompt} | {name} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Vision-language models in the continuous batch, beside their text-only rows.
+
+The batch (`batch.BatchSession`) drives mlx-lm's BatchGenerator, which calls
+`model(tokens, cache=...)` for logits and merges, filters and extracts each row's caches.
+`VisionBatchModel` gives an mlx-vlm model that shape:
+
+- its language model's caches as mlx-lm's classes (the ones mlx-lm's batch merges);
+- for models that place tokens with multimodal RoPE (Qwen-VL: an image takes fewer
+  positions than tokens), one more cache, `RopeDeltas`, holding each row's offset between
+  its token count and its position. It travels with the row through merges, filters, the
+  prompt cache and the disk tier, so each row decodes at its own positions;
+- a row's prompt processed in chunks with its images (`VisionRow`): the vision encoder
+  runs once, when the first chunk needs it, and each chunk takes its slice of the merged
+  embeddings and of the whole prompt's positions, as mlx-vlm's own `generate_step` feeds
+  them.
+
+Why not mlx-vlm's BatchGenerator (`mlx_vlm/generate/ar.py`): it is a second engine, with
+its own prompt cache, scheduler and drafters; every feature of ours (the shared prompt
+cache and disk tier, chunked fair prefill, prompt-lookup speculation, constraints,
+checkpoints, lockstep) would need writing again against it. Its language models already
+take per-row cache offsets and RoPE deltas, which is all a row of ours needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models import cache as lm_cache
+from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
+
+from mlxserve.compat import register_cache_class
+from mlxserve.engine.jobs import GenerationJob
+
+
+class RopeDeltas:
+    """Each row's RoPE delta (its next position minus its token count), shaped [rows, 1],
+    as a cache entry: mlx-lm's batch merges, filters, extends and extracts it with the
+    row's attention caches. It holds no positions, so trimming changes nothing."""
+
+    def __init__(self, deltas: mx.array | None = None):
+        self.deltas = deltas if deltas is not None else mx.zeros((1, 1), dtype=mx.int32)
+
+    def values(self, rows: int) -> mx.array:
+        return mx.broadcast_to(self.deltas, (rows, 1)) if self.deltas.shape[0] == 1 else self.deltas
+
+    # mlx-lm's cache protocol (what its batch and its save/load call)
+    @property
+    def state(self) -> list[mx.array]:
+        return [self.deltas]
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        (self.deltas,) = value
+
+    @property
+    def meta_state(self) -> str:
+        return ""
+
+    @meta_state.setter
+    def meta_state(self, value: str) -> None:
+        pass
+
+    @classmethod
+    def from_state(cls, state: list[mx.array], meta_state: Any = None) -> RopeDeltas:
+        return cls(state[0])
+
+    @classmethod
+    def merge(cls, caches: list[RopeDeltas]) -> RopeDeltas:
+        return cls(mx.concatenate([c.deltas for c in caches]))
+
+    def extend(self, other: RopeDeltas) -> None:
+        self.deltas = mx.concatenate([self.deltas, other.deltas])
+
+    def filter(self, batch_indices: Any) -> None:
+        self.deltas = self.deltas[mx.array(batch_indices)]
+
+    def extract(self, idx: int) -> RopeDeltas:
+        return RopeDeltas(self.deltas[idx : idx + 1])
+
+    def prepare(self, **kwargs: Any) -> None:
+        pass
+
+    def finalize(self) -> None:
+        pass
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        return n
+
+    def size(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return False
+
+    @property
+    def nbytes(self) -> int:
+        return self.deltas.nbytes
+
+
+register_cache_class(RopeDeltas)  # the disk tier reads rows back through mlx-lm
+
+
+def _as_mlx_lm(cache: Any) -> Any:
+    """An empty mlx-lm cache of the kind an mlx-vlm cache is (mlx-lm's batch merges only
+    its own classes); an unknown kind stays as it is, and `can_batch` then refuses it."""
+    name = type(cache).__name__
+    if name == "KVCache":
+        return lm_cache.KVCache()
+    if name == "RotatingKVCache" and getattr(cache, "keep", 0) == 0:
+        return lm_cache.RotatingKVCache(max_size=cache.max_size, keep=0)
+    if name == "ArraysCache":
+        return lm_cache.ArraysCache(len(cache.cache))
+    return cache
+
+
+class VisionBatchModel:
+    """An mlx-vlm model as the batch calls a text model (see the module's docstring)."""
+
+    def __init__(self, model: Any):
+        self.vlm = model
+        self.language_model = model.language_model
+        self.mrope = callable(getattr(self.language_model, "get_rope_index", None))
+
+    @property
+    def layers(self) -> Any:
+        return self.language_model.layers
+
+    def make_cache(self) -> list[Any]:
+        caches = [_as_mlx_lm(c) for c in vlm_prompt_cache(self.language_model)]
+        return [*caches, RopeDeltas()] if self.mrope else caches
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> Any:
+        """Logits for `inputs` continuing each row's cache; a Qwen-VL row's tokens sit at
+        its cache offset plus its RoPE delta."""
+        if self.mrope and cache is not None:
+            *cache, deltas = cache
+            offset = next(c.offset for c in cache if hasattr(c, "offset"))
+            rows, length = inputs.shape
+            start = mx.array(offset).reshape(-1, 1) + deltas.values(rows)
+            positions = start + mx.arange(length)[None]
+            kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
+        return self.language_model(inputs, cache=cache, **kwargs).logits
+
+
+@dataclass
+class VisionRow:
+    """What a waiting vision row's chunks need besides its tokens: the merged embeddings
+    while images remain to be processed (None after), and the language model's keyword
+    arguments for the whole prompt (its positions among them)."""
+
+    embeds: mx.array | None
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def prepare(cls, model: VisionBatchModel, job: GenerationJob, cached: int) -> VisionRow:
+        """Run the vision encoder if images remain past the `cached` prefix (a cached
+        prefix holds every image or none, see `PromptImages.reusable`)."""
+        images = job.images
+        tokens = mx.array(job.prompt)[None]
+        extra = dict(images.extra) if images is not None else {}
+        if images is not None and images.images_after(cached):
+            features = model.vlm.get_input_embeddings(
+                tokens, images.pixel_values, mask=images.attention_mask, **extra
+            )
+            found = {k: v for k, v in features.to_dict().items() if v is not None}
+            embeds = found.pop("inputs_embeds")
+            return cls(embeds, {**extra, **found})
+        if model.mrope:
+            positions, deltas = model.language_model.get_rope_index(
+                tokens,
+                extra.get("image_grid_thw"),
+                extra.get("video_grid_thw"),
+                images.attention_mask if images is not None else None,
+            )
+            extra.update(position_ids=positions, rope_deltas=deltas)
+        return cls(None, extra)
+
+    def start(self, cache: list[Any]) -> None:
+        """Give the row's RoPE delta cache (if it has one) this prompt's delta."""
+        deltas = self.kwargs.get("rope_deltas")
+        if deltas is not None and isinstance(cache[-1], RopeDeltas):
+            cache[-1].deltas = deltas.reshape(1, 1).astype(mx.int32)
+
+    def process(
+        self, model: VisionBatchModel, tokens: list[int], start: int, cache: list[Any]
+    ) -> None:
+        """Process `tokens`, the prompt's tokens from position `start`, into `cache`."""
+        if model.mrope:
+            cache = cache[:-1]
+        end = start + len(tokens)
+        embeds = self.embeds[:, start:end] if self.embeds is not None else None
+        model.language_model(
+            mx.array(tokens)[None], inputs_embeds=embeds, cache=cache, **self.kwargs
+        )
+
+
+def batch_model(loaded_model: Any, vision: bool) -> Any:
+    """What the batch calls: a text model as it is, a vision model wrapped."""
+    return VisionBatchModel(loaded_model) if vision else loaded_model

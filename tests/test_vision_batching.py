@@ -1,0 +1,211 @@
+"""Vision-language models in the continuous batch: text-only and image rows decode
+together, and each row gets exactly the tokens it gets alone and that mlx-vlm's own
+`generate_step` gives for the same prompt; a row that leaves mid-stream, a bad image, a
+drafted step or a restart change nothing for the others."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conversations import BY_NAME, VISION_CONVERSATIONS, colour_question, data_uri, square_png
+from sse import chat_message, open_stream, stream
+from test_batching import concurrently
+from test_errors import assert_error
+from transformers import AutoTokenizer
+
+CHAT = "/v1/chat/completions"
+VISION = {conv.name: conv for conv in VISION_CONVERSATIONS}
+LENGTH = 16  # tokens per reply: the end of turn is forbidden, so each row decodes them all
+# Squares of several colours and sizes (4, 9 and 16 image tokens: each row's positions
+# skip a different number of places after its image) and text-only rows.
+IMAGES = [("red", 56), ("blue", 84), ("green", 112), ("red", 84), ("blue", 56), ("green", 84)]
+TEXTS = [VISION["hello"].messages, BY_NAME["capital"].messages]  # one it learned, one not
+LOGPROB_TOLERANCE = 1e-3  # a batch pads and sums in another order than a single row
+
+
+def requests(end: int) -> list[dict]:
+    """Image rows and text rows, each decoding LENGTH tokens, with logprobs."""
+    bias = {str(end): -100}
+    messages = [colour_question(data_uri(square_png(c, s))) for c, s in IMAGES]
+    messages += TEXTS
+    return [
+        {"messages": m, "max_tokens": LENGTH, "logit_bias": bias, "logprobs": True}
+        for m in messages
+    ]
+
+
+def reply(srv, body: dict, streamed: bool) -> tuple[str, list[str], list[float]]:
+    """The content, the tokens and their logprobs, streamed or not."""
+    if streamed:
+        result = stream(srv.url, CHAT, {**body, "stream": True})
+        assert result.status == 200, result.lines
+        entries = [
+            e
+            for c in result.chunks
+            if c["choices"]
+            for e in (c["choices"][0].get("logprobs") or {}).get("content") or []
+        ]
+        content = chat_message(result.chunks)["content"]
+    else:
+        status, _, whole = srv.post(CHAT, body)
+        assert status == 200, whole
+        entries = whole["choices"][0]["logprobs"]["content"]
+        content = whole["choices"][0]["message"]["content"]
+    return content, [e["token"] for e in entries], [e["logprob"] for e in entries]
+
+
+def same(a: tuple, b: tuple) -> bool:
+    """The same content and tokens, and logprobs equal within the batch's rounding."""
+    return a[:2] == b[:2] and all(
+        math.isclose(x, y, abs_tol=LOGPROB_TOLERANCE) for x, y in zip(a[2], b[2], strict=True)
+    )
+
+
+@pytest.fixture(scope="module")
+def end_token(vision_model) -> int:
+    return AutoTokenizer.from_pretrained(vision_model).convert_tokens_to_ids("<|im_end|>")
+
+
+@pytest.fixture(scope="module")
+def library(vision_model, end_token) -> list[tuple]:
+    """What mlx-vlm's own generate_step gives for each request, in this process: the
+    prompt rendered as the server renders it, the end token forbidden as logit_bias does."""
+    import mlx.core as mx
+    from mlx_vlm.generate import generate_step
+
+    from mlxserve.api.openai.requests import ChatRequest, chat_request
+    from mlxserve.api.wire import validate
+    from mlxserve.chat.images import ImageLimits
+    from mlxserve.chat.vision import VisionChat, render_vision_chat
+    from mlxserve.config import ServerConfig
+    from mlxserve.models.tokenizer import load_text_tokenizer
+    from mlxserve.models.vision import load_vision_model, load_vision_processor
+
+    tokenizer = load_text_tokenizer(vision_model, False)
+    processor = load_vision_processor(vision_model, False)
+    chat = VisionChat(tokenizer, processor, vision_model, ImageLimits.from_config(ServerConfig()))
+    model = load_vision_model(vision_model, None)
+
+    def forbid_end(_tokens, logits):
+        return logits + mx.where(mx.arange(logits.shape[-1]) == end_token, -100.0, 0.0)
+
+    expected = []
+    for body in requests(end_token):
+        request = chat_request(validate(ChatRequest, {"messages": body["messages"]}))
+        prompt, images = render_vision_chat(chat, request, {}, None, False)
+        model.language_model._position_ids = None  # each prompt computes its own positions
+        model.language_model._rope_deltas = None
+        steps = generate_step(
+            mx.array(prompt)[None],
+            model,
+            images.pixel_values,
+            images.attention_mask,
+            logits_processors=[forbid_end],
+            **images.extra,
+        )
+        ids, logprobs = [], []
+        for (token, row), _ in zip(steps, range(LENGTH), strict=False):
+            ids.append(token)
+            logprobs.append(row[token].item())
+        tokens = [tokenizer.decode([t]) for t in ids]
+        expected.append(("".join(tokens), tokens, logprobs))
+    return expected
+
+
+def endless_image_stream(srv, end: int, colour: str):
+    """A streamed image row that never ends by itself: the batch is running once its
+    first line came."""
+    body = {
+        "messages": colour_question(data_uri(square_png(colour, 84))),
+        "logit_bias": {str(end): -100},
+        "max_tokens": 3000,
+        "stream": True,
+    }
+    conn, response = open_stream(srv.url, CHAT, body)
+    assert response.status == 200
+    response.readline()
+    return conn, response
+
+
+def test_rows_equal_alone_and_mlx_vlm_generate(launch, vision_model, end_token, library):
+    """Alone, then all at once (streamed and not) beside a running image stream while
+    another image row leaves mid-stream: every row's tokens equal its tokens alone and
+    mlx-vlm's generate_step, its logprobs within rounding."""
+    srv = launch(vision_model, "--prompt-cache-size", "0")
+    bodies = requests(end_token)
+    alone = [reply(srv, body, streamed=False) for body in bodies]
+    assert all(same(a, b) for a, b in zip(alone, library, strict=True)), (alone, library)
+
+    def leave_mid_stream() -> None:
+        conn, response = endless_image_stream(srv, end_token, "green")
+        for _ in range(5):
+            response.readline()
+        conn.close()
+
+    background, _ = endless_image_stream(srv, end_token, "blue")
+    try:
+        jobs = [(body, i % 2 == 0) for i, body in enumerate(bodies)]
+        with ThreadPoolExecutor(len(jobs) + 1) as pool:
+            leaving = pool.submit(leave_mid_stream)
+            batched = list(pool.map(lambda job: reply(srv, *job), jobs))
+            leaving.result()
+    finally:
+        background.close()
+    assert all(same(a, b) for a, b in zip(batched, alone, strict=True)), (batched, alone)
+    assert any("client closed the connection" in line for line in srv.log)
+    # The requests above ran in one batch: the server never said it serves one at a time.
+    assert not any("one request at a time" in line for line in srv.log)
+
+
+def test_speculation_gives_the_same_tokens(launch, vision_model, end_token, library):
+    """Prompt-lookup drafts verified beside images: the tokens without speculation, and
+    drafts were accepted (the fixture's replies repeat themselves)."""
+    srv = launch(vision_model, "--prompt-cache-size", "0", "--speculation", "on")
+    bodies = requests(end_token)
+    drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
+    assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
+    _, _, metrics = srv.get("/metrics")
+    accepted = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("mlxserve_speculative_accepted_tokens")
+    ]
+    assert accepted and accepted[0] > 0
+
+
+def test_eight_concurrent_of_each_kind_and_a_bad_image_beside_them(vision):
+    """Eight image rows and eight text rows at once, and one request with a broken image
+    among them: that one is a 400 naming its part, every other row answers as alone."""
+    colours = ["red", "blue", "green", "red", "blue", "green", "red", "blue"]
+    images = [{"messages": colour_question(data_uri(square_png(c)))} for c in colours]
+    texts = [{"messages": VISION["hello"].messages} for _ in range(8)]
+    broken = {"messages": colour_question("data:image/png;base64,iVBORw0KGgoAAAAN")}
+    results = concurrently(lambda body: vision.post(CHAT, body), [*images, *texts, broken])
+    for (status, _, body), colour in zip(results[:8], colours, strict=True):
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == f"{colour.capitalize()}."
+    for status, _, body in results[8:16]:
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == VISION["hello"].reply
+    assert_error(results[16], 400, param="messages[0].content[0]", code="invalid_image")
+
+
+def test_a_follow_up_turn_is_served_from_the_disk_tier_after_a_restart(
+    launch, vision_model, tmp_path: Path
+):
+    """The image turn's cache goes to disk at shutdown; after a restart the follow-up
+    turn continues it, image tokens included (the vision encoder does not run again)."""
+    folder = str(tmp_path / "kv")
+    first = launch(vision_model, "--prompt-cache-dir", folder)
+    status, _, body = first.post(CHAT, {"messages": colour_question(data_uri(square_png("green")))})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Green."
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    first.stop()
+    second = launch(vision_model, "--prompt-cache-dir", folder)
+    status, _, follow_up = second.post(CHAT, {"messages": VISION["green-again"].messages})
+    assert status == 200
+    assert follow_up["choices"][0]["message"]["content"] == "Green again."
+    assert follow_up["usage"]["prompt_tokens_details"]["cached_tokens"] > prompt_tokens
