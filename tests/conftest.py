@@ -280,6 +280,12 @@ def vision_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_vision_model() -> Path:
+    """Gemma 3's architecture (SigLIP tower, sliding-window layers) naming the colour."""
+    return vision_fixture.build(cache_root() / "fixtures", vision_fixture.GEMMA3)
+
+
+@pytest.fixture(scope="session")
 def qwen_mtp_model() -> Path:
     """tiny-chat's conversations on Qwen3.5's hybrid architecture, with its MTP head."""
     return mtp_fixture.build(mtp_fixture.TINY_QWEN35_MTP, cache_root() / "fixtures")

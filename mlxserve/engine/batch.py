@@ -187,6 +187,11 @@ class BatchSession:
             prefill_step_size=limits.prefill_chunk,
         )
         self.speculation = self._speculate() if rolls_back else None
+        if not rolls_back and limits.speculation != "off":
+            log.info(
+                "Speculation off for %s: its caches cannot drop rejected drafts",
+                self.spec.path.name,
+            )
         self._sequences: dict[int, _Sequence] = {}
         self._admitted: list[_Admitted] = []
         # A hash of every (sequence, token) generated, in order: kept where ranks run in
