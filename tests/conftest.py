@@ -280,6 +280,12 @@ def vision_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen35_vision_model() -> Path:
+    """Qwen3.5's published vision-language architecture (hybrid layers) naming the colour."""
+    return vision_fixture.build(cache_root() / "fixtures", vision_fixture.QWEN35)
+
+
+@pytest.fixture(scope="session")
 def gemma3_vision_model() -> Path:
     """Gemma 3's architecture (SigLIP tower, sliding-window layers) naming the colour."""
     return vision_fixture.build(cache_root() / "fixtures", vision_fixture.GEMMA3)

@@ -415,7 +415,8 @@ def _recurrent_states(caches: list[Any]) -> list[list[Any]]:
 def can_roll_back(caches: list[Any]) -> bool:
     """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed;
     recurrent states are taken again from where the pass began (see `_replay`); a vision
-    row's RoPE delta holds no positions."""
+    row's RoPE delta holds no positions. (A vision model's recurrent states are
+    mlx-vlm's, whose layers pad a replay their own way: they do not draft.)"""
     return all(type(c) in (KVCache, ArraysCache, RopeDeltas) for c in caches)
 
 

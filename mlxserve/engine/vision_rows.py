@@ -4,7 +4,9 @@ The batch (`batch.BatchSession`) drives mlx-lm's BatchGenerator, which calls
 `model(tokens, cache=...)` for logits and merges, filters and extracts each row's caches.
 `VisionBatchModel` gives an mlx-vlm model that shape:
 
-- its language model's caches as mlx-lm's classes (the ones mlx-lm's batch merges);
+- its language model's attention caches as mlx-lm's classes (the ones mlx-lm's batch
+  merges), and its recurrent states (hybrid models: Qwen3.5) in mlx-vlm's own class,
+  whose richer interface their layers call, under a name of ours (`VisionArraysCache`);
 - for models that place tokens with multimodal RoPE (Qwen-VL: an image takes fewer
   positions than tokens), one more cache, `RopeDeltas`, holding each row's offset between
   its token count and its position. It travels with the row through merges, filters, the
@@ -28,7 +30,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import cache as lm_cache
-from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
+from mlx_vlm.models import cache as vlm_cache
 
 from mlxserve.compat import register_cache_class
 from mlxserve.engine.jobs import GenerationJob
@@ -102,19 +104,32 @@ class RopeDeltas:
         return self.deltas.nbytes
 
 
-register_cache_class(RopeDeltas)  # the disk tier reads rows back through mlx-lm
+class VisionArraysCache(vlm_cache.ArraysCache):
+    """mlx-vlm's recurrent-state cache, which batches as mlx-lm's does; named apart so
+    that the disk tier reads it back as itself, not as mlx-lm's `ArraysCache`."""
+
+    @classmethod
+    def from_state(cls, state: list[Any], meta_state: Any = None) -> VisionArraysCache:
+        """As mlx-lm's `load_prompt_cache` calls it (state alone)."""
+        cache = cls.__new__(cls)
+        cache.state = state
+        return cache
 
 
-def _as_mlx_lm(cache: Any) -> Any:
-    """An empty mlx-lm cache of the kind an mlx-vlm cache is (mlx-lm's batch merges only
-    its own classes); an unknown kind stays as it is, and `can_batch` then refuses it."""
-    name = type(cache).__name__
-    if name == "KVCache":
+# the disk tier reads rows back through mlx-lm's load_prompt_cache
+register_cache_class(RopeDeltas)
+register_cache_class(VisionArraysCache)
+
+
+def _batchable(cache: Any) -> Any:
+    """An empty cache of the kind an mlx-vlm cache is, that mlx-lm's batch merges; an
+    unknown kind stays as it is, and `can_batch` then refuses it."""
+    if type(cache) is vlm_cache.KVCache:
         return lm_cache.KVCache()
-    if name == "RotatingKVCache" and getattr(cache, "keep", 0) == 0:
+    if type(cache) is vlm_cache.RotatingKVCache and cache.keep == 0:
         return lm_cache.RotatingKVCache(max_size=cache.max_size, keep=0)
-    if name == "ArraysCache":
-        return lm_cache.ArraysCache(len(cache.cache))
+    if type(cache) is vlm_cache.ArraysCache:
+        return VisionArraysCache(len(cache.cache))
     return cache
 
 
@@ -131,20 +146,23 @@ class VisionBatchModel:
         return self.language_model.layers
 
     def make_cache(self) -> list[Any]:
-        caches = [_as_mlx_lm(c) for c in vlm_prompt_cache(self.language_model)]
+        caches = [_batchable(c) for c in vlm_cache.make_prompt_cache(self.language_model)]
         return [*caches, RopeDeltas()] if self.mrope else caches
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> Any:
         """Logits for `inputs` continuing each row's cache; a Qwen-VL row's tokens sit at
         its cache offset plus its RoPE delta."""
-        if self.mrope and cache is not None:
-            *cache, deltas = cache
-            offset = next(c.offset for c in cache if hasattr(c, "offset"))
-            rows, length = inputs.shape
-            start = mx.array(offset).reshape(-1, 1) + deltas.values(rows)
-            positions = start + mx.arange(length)[None]
-            kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
-        return self.language_model(inputs, cache=cache, **kwargs).logits
+        if not self.mrope or cache is None:
+            return self.language_model(inputs, cache=cache, **kwargs).logits
+        layers, deltas = cache[:-1], cache[-1]
+        offset = next(c.offset for c in layers if hasattr(c, "offset"))
+        rows, length = inputs.shape
+        start = mx.array(offset).reshape(-1, 1) + deltas.values(rows)
+        positions = start + mx.arange(length)[None]
+        kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
+        logits = self.language_model(inputs, cache=layers, **kwargs).logits
+        cache[:-1] = layers  # mlx-vlm's per-row paths replace entries of the list
+        return logits
 
 
 @dataclass
@@ -190,13 +208,13 @@ class VisionRow:
         self, model: VisionBatchModel, tokens: list[int], start: int, cache: list[Any]
     ) -> None:
         """Process `tokens`, the prompt's tokens from position `start`, into `cache`."""
-        if model.mrope:
-            cache = cache[:-1]
+        layers = cache[:-1] if model.mrope else cache
         end = start + len(tokens)
         embeds = self.embeds[:, start:end] if self.embeds is not None else None
         model.language_model(
-            mx.array(tokens)[None], inputs_embeds=embeds, cache=cache, **self.kwargs
+            mx.array(tokens)[None], inputs_embeds=embeds, cache=layers, **self.kwargs
         )
+        cache[: len(layers)] = layers  # mlx-vlm's per-row paths replace entries of the list
 
 
 def batch_model(loaded_model: Any, vision: bool) -> Any:
