@@ -205,6 +205,18 @@ def test_speculation_gives_the_same_tokens(launch, family, library):
         assert any("cannot drop rejected drafts" in line for line in srv.log), srv.log
 
 
+def test_a_quantized_kv_cache_batches_vision_rows_as_alone(launch, gemma3_vision_model):
+    """With the KV cache quantized to 4 bits (the global layers; a sliding window stays
+    at full precision) each row decodes the same tokens alone and batched."""
+    end = AutoTokenizer.from_pretrained(gemma3_vision_model).convert_tokens_to_ids("<end_of_turn>")
+    flags = ("--kv-bits", "4", "--kv-group-size", "32")
+    srv = launch(gemma3_vision_model, "--prompt-cache-size", "0", *flags)
+    bodies = requests(end)
+    alone = [reply(srv, body, streamed=False) for body in bodies]
+    batched = concurrently(lambda body: reply(srv, body, streamed=True), bodies)
+    assert all(same(a, b) for a, b in zip(batched, alone, strict=True)), (batched, alone)
+
+
 def test_eight_concurrent_of_each_kind_and_a_bad_image_beside_them(vision):
     """Eight image rows and eight text rows at once, and one request with a broken image
     among them: that one is a 400 naming its part, every other row answers as alone."""
