@@ -22,10 +22,12 @@ CHAT = "/v1/chat/completions"
 
 
 @contextmanager
-def in_process(model, monkeypatch) -> Iterator[Server]:
-    """A server in this process (so a test can patch the engine), stopped afterwards."""
+def in_process(model, monkeypatch, **settings) -> Iterator[Server]:
+    """A server in this process (so a test can patch the engine), stopped afterwards;
+    `settings`: more of its ServerConfig."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server = build_server(ServerConfig(models=(ModelSettings(str(model)),), port=0))
+    config = ServerConfig(models=(ModelSettings(str(model)),), port=0, **settings)
+    server = build_server(config)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield Server(process=None, url=server.url.removesuffix("/v1"))

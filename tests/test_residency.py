@@ -236,3 +236,39 @@ def test_a_config_file_mistake_stops_the_server(tiny_model, tmp_path):
     with pytest.raises(RuntimeError) as error:
         start_server(tiny_model, "--config", str(config))
     assert "models[0]: unknown setting context" in str(error.value)
+
+
+def test_a_stream_goes_on_while_another_model_loads(tiny_model, model_dir, monkeypatch):
+    """A model's weights load on their own thread: a stream of the resident model keeps
+    streaming while they load (held until the stream has shown it), and the request that
+    asked for the model is answered once it is in."""
+    from test_failure import in_process
+
+    from mlxserve.models.provider import ModelProvider
+
+    read, loading, release = ModelProvider.read, threading.Event(), threading.Event()
+
+    def held_read(self, spec):
+        if spec.path.name == "tiny-copy":
+            loading.set()
+            release.wait(60)
+        return read(self, spec)
+
+    monkeypatch.setattr(ModelProvider, "read", held_read)
+    with in_process(tiny_model, monkeypatch, model_dirs=(model_dir,)) as client:
+        conn, response = open_stream(
+            client.url, CHAT, {**endless(tiny_model, max_tokens=3000), "stream": True}
+        )
+        assert response.status == 200
+        response.readline()
+        asked = threading.Thread(target=lambda: answers.append(ask(client, "tiny-copy")))
+        answers: list = []
+        asked.start()
+        assert loading.wait(30)
+        conn.sock.settimeout(30)  # a frozen loop would hold the stream until the release
+        chunks = [line for line in (response.readline() for _ in range(40)) if line.strip()]
+        assert len(chunks) >= 10 and all(line.startswith(b"data: {") for line in chunks)
+        release.set()
+        asked.join(60)
+        conn.close()
+        assert reply(answers[0]) == CAPITAL.reply

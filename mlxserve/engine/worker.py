@@ -27,6 +27,7 @@ import numpy as np
 
 from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
+from mlxserve.engine.loading import BackgroundLoads
 from mlxserve.engine.lockstep import Lockstep, LoopStep
 from mlxserve.engine.memory import GB
 from mlxserve.engine.prompt_cache import PromptCache
@@ -92,6 +93,9 @@ class GenerationWorker:
         self._following = False  # a following rank replays rank 0's steps (see `follow`)
         self._refusal = unavailable(SHUTTING_DOWN)  # what submits get once stopping
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
+        # Loads off the generation thread; in lockstep every rank loads at the same step.
+        self._loads = BackgroundLoads(provider.read, lambda: self._intake.put(_wake_up))
+        self._load_in_background = lockstep is None
 
     def start(self) -> None:
         self._thread.start()
@@ -290,7 +294,9 @@ class GenerationWorker:
         if self._lockstep is not None and self._lockstep.follows:
             return self._lockstep.receive() if self._following else self._local_call()
         decoding = any(len(s) > 0 for s in self._sessions.values())
-        arrived = self._take(block=not decoding and not self._pending)
+        # Requests waiting only for a load: the load wakes the loop when it ends.
+        waiting = bool(self._pending) and self._loads.loading is None
+        arrived = self._take(block=not decoding and not waiting)
         step = LoopStep(
             time.perf_counter(),
             arrived or [],
@@ -380,8 +386,15 @@ class GenerationWorker:
             self._pending.remove(request)
 
     def _start(self, spec: ModelSpec, jobs: list[GenerationJob]) -> bool:
-        """Admit a request's jobs into its model's session; False if they must wait."""
-        session = self._session(spec)
+        """Admit a request's jobs into its model's session; False if they must wait (for
+        memory, or for their model's load)."""
+        session = (
+            self._session_loaded_in_background(spec)
+            if self._load_in_background
+            else self._session(spec)
+        )
+        if session is None:
+            return False
         if not session.fits(jobs, self._kv_room(session)):
             return False
         self._starting = jobs
@@ -472,20 +485,37 @@ class GenerationWorker:
         session = self._sessions.get(spec)
         if session is not None:
             return session
-        loaded = self._resident(spec)
+        return self._opened(self._resident(spec))
+
+    def _session_loaded_in_background(self, spec: ModelSpec) -> Session | None:
+        """The model's session; None while its weights load on their own thread (the load
+        begins here, after room is made for it, when no other load runs)."""
+        if spec in self._sessions or any(m.spec == spec for m in self._provider.resident):
+            return self._session(spec)
+        loaded = self._loads.take(spec)
+        if loaded is not None:
+            return self._opened(self._provider.install(loaded))
+        if self._loads.loading is None:
+            self._check_served(spec)
+            self._make_room(spec)
+            self._loads.start(spec)
+        return None
+
+    def _opened(self, loaded: LoadedModel) -> Session:
+        """A session for a model just made resident (unloaded again if none opens)."""
         try:
             session = self._open(loaded)
         except ServiceError:
-            self._provider.unload(spec)
+            self._provider.unload(loaded.spec)
             raise
-        self._sessions[spec] = session
+        self._sessions[loaded.spec] = session
         return session
 
     def _open(self, loaded: LoadedModel) -> Session:
         """A session for a model just loaded: a batch, or one request at a time."""
         draft_tokens = self._provider.config_for(loaded.spec).num_draft_tokens
         budget = self._memory_budget
-        if budget is not None and budget <= self._provider.weight_bytes():
+        if budget is not None and budget <= self._weight_bytes():
             raise self._too_large(loaded.spec.path.name, loaded.nbytes)
         if not can_batch(loaded) and self._lockstep is not None:
             raise bad_request(
@@ -530,11 +560,11 @@ class GenerationWorker:
         if need >= budget:
             raise self._too_large(spec.path.name, need)
         for loaded in self._provider.resident:
-            if self._provider.weight_bytes() + need <= budget:
+            if self._weight_bytes() + need <= budget:
                 return
             if not self._busy(loaded.spec) and not self._provider.pinned(loaded.spec):
                 self._unload(loaded.spec)
-        if self._provider.weight_bytes() + need > budget:
+        if self._weight_bytes() + need > budget:
             resident = ", ".join(
                 f"{self._provider.name(m.spec)} ({m.nbytes / GB:.2f} GB"
                 f"{', busy' if self._busy(m.spec) else ''}"
@@ -550,6 +580,10 @@ class GenerationWorker:
                 code="insufficient_memory",
                 retry_after=RETRY_AFTER_SECONDS,
             )
+
+    def _weight_bytes(self) -> int:
+        """The resident models' weights and those of the model loading."""
+        return self._provider.weight_bytes() + self._loads.reserved_bytes()
 
     def _busy(self, spec: ModelSpec) -> bool:
         session = self._sessions.get(spec)
@@ -585,14 +619,14 @@ class GenerationWorker:
         if len(session) == 0 and not any(len(s) for s in others):
             return None
         reserved = sum(s.reserved_bytes() for s in others)
-        return budget - self._provider.weight_bytes() - reserved
+        return budget - self._weight_bytes() - reserved
 
     def _trim_prompt_cache(self) -> None:
         """The prompt cache's byte budget covers the caches of running sequences too; the
         memory budget, less the weights, bounds it as well."""
         budgets = [self._cache.max_bytes]
         if self._memory_budget is not None:
-            budgets.append(self._memory_budget - self._provider.weight_bytes())
+            budgets.append(self._memory_budget - self._weight_bytes())
         known = [b for b in budgets if b is not None]
         if known:
             live = sum(
@@ -622,6 +656,10 @@ class GenerationWorker:
         while self._pending:
             for job in self._pending.popleft():
                 job.emit(ErrorEvent(error))
+
+
+def _wake_up() -> None:
+    """Put on the intake to wake a waiting loop (a load ended); does nothing itself."""
 
 
 def _capture(fn: Callable[[], Any]) -> tuple[bool, Any]:

@@ -363,6 +363,11 @@ class ModelProvider:
         if spec in self._resident:
             self.touch(spec)
             return self._resident[spec]
+        return self.install(self.read(spec))
+
+    def read(self, spec: ModelSpec) -> LoadedModel:
+        """Load `spec`'s weights (evaluated) and tokenizer without making it resident: any
+        thread may (engine/loading.py), `install` hands it over."""
         import mlx.core as mx
 
         log.info(
@@ -380,9 +385,6 @@ class ModelProvider:
         except Exception as e:
             raise _load_error(spec, e) from e
         loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft, head), head)
-        with self._resident_lock:
-            self._resident[spec] = loaded
-        self.touch(spec)
         log.info(
             "Loaded %s in %.1fs (peak memory %.2f GB, active %.2f GB)",
             spec.path,
@@ -391,6 +393,14 @@ class ModelProvider:
             mx.get_active_memory() / 1e9,
         )
         mx.reset_peak_memory()
+        return loaded
+
+    def install(self, loaded: LoadedModel) -> LoadedModel:
+        """Make a model `read` resident; if the same model became resident meanwhile (an
+        admin load), that one stays and this copy is dropped."""
+        with self._resident_lock:
+            loaded = self._resident.setdefault(loaded.spec, loaded)
+        self.touch(loaded.spec)
         return loaded
 
     def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None, Any | None]:
