@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm clean
+.PHONY: install browser speech run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap clean
 
 install: $(VENV)/.installed
 
@@ -87,6 +87,9 @@ bench-distributed: install
 
 bench-embedding-fairness: install
 	$(WITH_BLAS) $(PY) bench/embedding_fairness.py $(ARGS)
+
+bench-load-gap: install
+	$(WITH_BLAS) $(PY) bench/load_gap.py $(ARGS)
 
 bench-vlm: install
 	$(WITH_BLAS) $(PY) bench/vlm.py $(ARGS)

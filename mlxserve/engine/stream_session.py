@@ -1,5 +1,6 @@
 """One request at a time, a token per step, for a model batching cannot serve (a vision
-model, a draft model): the same session interface as `batch.BatchSession`, so the
+model whose caches do not batch, a draft model beside caches that cannot drop its
+drafts): the same session interface as `batch.BatchSession`, so the
 generation thread steps it beside other models' batches."""
 
 from __future__ import annotations

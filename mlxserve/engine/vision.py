@@ -1,5 +1,6 @@
-"""Generation for vision models with mlx-vlm's generate_step, one request at a time (a
-token at a time, see `single.SingleRun`).
+"""Generation for vision models whose caches do not batch (see `vision_rows` for the
+rest), with mlx-vlm's generate_step, one request at a time (a token at a time, see
+`single.SingleRun`).
 
 The prompt cache is shared with the text path; a vision prompt is looked up by its
 `cache_tokens` (image placeholders keyed by the images' bytes), and a cached prefix is
