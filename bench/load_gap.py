@@ -87,7 +87,9 @@ def main() -> None:
     print("|---|---|")
     for name, label in (("load", "the 50m model loads"), ("prefill", "a 2,000-token prefill")):
         values = results[name]
-        print(f"| {label} | {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f}) |")
+        print(
+            f"| {label} | {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f}) |"
+        )
     ttft = results["load ttft"]
     print(f"\nthe 50m model's first token, load included: {statistics.median(ttft):.2f} s")
 

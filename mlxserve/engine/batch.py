@@ -390,7 +390,12 @@ class BatchSession:
             self._admitted.remove(admitted)
 
     def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
-        """Process the next `tokens` of a prompt too long to join the batch in one go."""
+        """Process the next `tokens` of a prompt too long to join the batch in one go. A
+        vision prompt's first share runs its images through the vision encoder instead,
+        a step of its own beside the streams (its chunks follow in the next steps)."""
+        if self._loaded.spec.vision and admitted.vision is None:
+            self._encode_images(admitted)
+            return
         self._advance(admitted, tokens)
         hit = admitted.hit
         total = len(admitted.jobs[0].prompt)
@@ -419,8 +424,7 @@ class BatchSession:
         end = done + tokens
         marks = job.checkpoints if self.checkpoints else ()
         if self._loaded.spec.vision and admitted.vision is None:
-            admitted.vision = VisionRow.prepare(self._model, job, done)
-            admitted.vision.start(hit.cache[: self._layers])
+            self._encode_images(admitted)
         for stop in sorted({*(m for m in marks if done < m < end), end}):
             start, count, done = done, stop - done, stop
             if count <= 0:
@@ -438,6 +442,15 @@ class BatchSession:
             hit.rest = hit.rest[count:]
             if stop in marks:
                 self._checkpoint(admitted)
+
+    def _encode_images(self, admitted: _Admitted) -> None:
+        """Prepare a vision row: its images through the encoder (if the cached prefix
+        does not hold them), its RoPE delta into its cache."""
+        done = len(admitted.jobs[0].prompt) - len(admitted.hit.rest)
+        admitted.vision = VisionRow.prepare(self._model, admitted.jobs[0], done)
+        admitted.vision.start(admitted.hit.cache[: self._layers])
+        if admitted.vision.embeds is not None:
+            mx.eval(admitted.vision.embeds)
 
     def _head_prefill(self, hit: CacheHit, count: int) -> None:
         """Process the next `count` prompt tokens into the model's caches and the head
