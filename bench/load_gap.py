@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import shutil
 import statistics
@@ -47,7 +48,7 @@ def longest_gap_during(target: Target, w: Workload, other: dict) -> tuple[float,
     stop.set()
     thread.join()
     stamps = [t for t in stream.stamps if sent <= t <= done]
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     return max(gaps, default=done - sent), asked.ttft
 
 
