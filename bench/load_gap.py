@@ -31,14 +31,15 @@ from harness import Reply, Target
 from bench import Workload
 
 
-def longest_gap_during(target: Target, w: Workload, other: dict) -> tuple[float, float]:
-    """The stream's longest gap between tokens while `other` is served, and how long
-    `other` took to its first token."""
+def longest_gap_during(
+    target: Target, messages: list[dict], logit_bias: dict, other: dict
+) -> tuple[float, float]:
+    """The longest gap between two tokens of a stream of `messages` while the request
+    `other` (Target.chat's arguments) is served, and how long `other` took to its first
+    token."""
     stop = threading.Event()
     stream = Reply(time.perf_counter())
-    thread = threading.Thread(
-        target=target.chat, args=(w.user(20), 4000, w.logit_bias, stream, stop)
-    )
+    thread = threading.Thread(target=target.chat, args=(messages, 4000, logit_bias, stream, stop))
     thread.start()
     while len(stream.stamps) < 10:
         time.sleep(0.01)
@@ -73,13 +74,15 @@ def main() -> None:
         try:
             for _ in range(args.rounds):
                 load = {"messages": w.user(20), "max_tokens": 8, "logit_bias": {}}
-                gap, ttft = longest_gap_during(target, w, {**load, "model": "other"})
+                asked = {**load, "model": "other"}
+                gap, ttft = longest_gap_during(target, w.user(20), w.logit_bias, asked)
                 results["load"].append(gap)
                 results["load ttft"].append(ttft)
                 unload(target, "other")
                 target.settle()
                 prefill = {"messages": w.user(2000), "max_tokens": 8, "logit_bias": w.logit_bias}
-                results["prefill"].append(longest_gap_during(target, w, prefill)[0])
+                gap, _ = longest_gap_during(target, w.user(20), w.logit_bias, prefill)
+                results["prefill"].append(gap)
                 target.settle()
         finally:
             target.stop()

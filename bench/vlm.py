@@ -9,6 +9,10 @@ tokens forbidden by logit_bias where the server honours it); each image is fresh
 so no cache of either server sees it twice. Rounds alternate the servers; figures are the
 median over rounds and the ratio mlxserve / mlx_vlm.server.
 
+Fairness, on mlxserve: a stream's longest gap between two tokens while a prompt with one
+896x896 image (1,024 image tokens: the bench folder's processor allows that many) is
+processed beside it, against a text prompt of the same length.
+
     make bench-vlm
     make bench-vlm ARGS="--rounds 3 --streams 1 8"
 """
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 from harness import Reply, Target
+from load_gap import longest_gap_during
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures"))
 import vision_fixture
@@ -41,6 +46,8 @@ LANGUAGE = {
 }
 MAX_TOKENS = 128
 QUESTION = "Describe what you see, then tell a long story about it."
+LARGE_IMAGE = 896  # pixels a side: 32 x 32 image tokens of 28 pixels
+LARGE_IMAGE_TOKENS = (LARGE_IMAGE // (2 * vision_fixture.PATCH)) ** 2
 _noise = random.Random(0)
 
 
@@ -66,6 +73,9 @@ def build_model() -> Path:
     config["vision_config"] = {**config["vision_config"], "hidden_size": LANGUAGE["hidden_size"]}
     config["torch_dtype"] = dtype
     (partial / "config.json").write_text(json.dumps(config, indent=2))
+    processor = json.loads((partial / "preprocessor_config.json").read_text())
+    processor["max_pixels"] = LARGE_IMAGE**2
+    (partial / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     mx.random.seed(0)
     module, _ = get_model_and_args(dict(config))
     settings = {**config, "text_config": {}}
@@ -78,22 +88,21 @@ def build_model() -> Path:
     return out
 
 
-def noise_image() -> str:
-    """A fresh 112x112 noise PNG as a data URI (16 image tokens for this processor)."""
+def noise_image(size: int = 112) -> str:
+    """A fresh noise PNG of `size` pixels a side as a data URI (112: 16 image tokens)."""
     from PIL import Image
 
-    size = 112
-    pixels = bytes(_noise.randrange(256) for _ in range(size * size * 3))
+    pixels = _noise.randbytes(size * size * 3)
     buffer = io.BytesIO()
     Image.frombytes("RGB", (size, size), pixels).save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def messages(image: bool) -> list[dict]:
+def messages(image: bool, size: int = 112) -> list[dict]:
     opening = f"Request {time.time_ns()}. {QUESTION}"
     if not image:
         return [{"role": "user", "content": opening}]
-    content = [{"type": "image_url", "image_url": {"url": noise_image()}}]
+    content = [{"type": "image_url", "image_url": {"url": noise_image(size)}}]
     return [{"role": "user", "content": [*content, {"type": "text", "text": opening}]}]
 
 
@@ -114,6 +123,23 @@ def run(target: Target, streams: int, image: bool, logit_bias: dict) -> dict[str
     }
 
 
+def fairness(target: Target, tokenizer, logit_bias: dict) -> dict[str, float]:
+    """A stream's longest gap while a large image prompt is processed beside it, and
+    while a text prompt of as many tokens is."""
+    image = messages(True, LARGE_IMAGE)
+    words = " ".join(f"note{i}" for i in range(LARGE_IMAGE_TOKENS))
+    while len(tokenizer.encode(words)) > LARGE_IMAGE_TOKENS:
+        words = words.rsplit(" ", 1)[0]
+    text = [{"role": "user", "content": f"{words} {QUESTION}"}]
+    figures = {}
+    for name, prompt in (("image", image), ("text", text)):
+        asked = {"messages": prompt, "max_tokens": 4, "logit_bias": logit_bias}
+        gap, _ = longest_gap_during(target, messages(False), logit_bias, asked)
+        figures[f"longest gap s beside a {LARGE_IMAGE_TOKENS}-token {name} prompt"] = gap
+        target.settle()
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -126,6 +152,7 @@ def main() -> None:
     ends = ("<|im_end|>", "<|endoftext|>")
     logit_bias = {str(tokenizer.convert_tokens_to_ids(t)): -100 for t in ends}
     results: dict[tuple, list[float]] = {}
+    gaps: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for kind in SERVERS:
             extra = ("--host", "127.0.0.1") if kind == "mlx_vlm.server" else ()
@@ -138,9 +165,15 @@ def main() -> None:
                         figures = run(target, streams, image, logit_bias)
                         for name, value in figures.items():
                             results.setdefault((streams, image, name, kind), []).append(value)
+                if kind == "mlxserve":
+                    for name, value in fairness(target, tokenizer, logit_bias).items():
+                        gaps.setdefault(name, []).append(value)
             finally:
                 target.stop()
     report(results, args.streams, args.rounds)
+    print("\nmlxserve, medians:")
+    for name, values in gaps.items():
+        print(f"- {name}: {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})")
 
 
 def report(results: dict, streams: list[int], rounds: int) -> None:

@@ -6,6 +6,7 @@ drafted step or a restart change nothing for the others."""
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,3 +251,45 @@ def test_a_follow_up_turn_is_served_from_the_disk_tier_after_a_restart(
     assert status == 200
     assert follow_up["choices"][0]["message"]["content"] == "Green again."
     assert follow_up["usage"]["prompt_tokens_details"]["cached_tokens"] > prompt_tokens
+
+
+def test_a_stream_goes_on_while_images_are_encoded(vision_model, monkeypatch):
+    """The vision encoder runs on a thread of its own: a stream keeps streaming while
+    another request's image is in the encoder (held there until the stream has shown it),
+    and that request is answered once its image is through."""
+    from test_failure import in_process
+
+    from mlxserve.engine import vision_rows
+
+    encoded, encoding, release = vision_rows._encoded, threading.Event(), threading.Event()
+
+    def held(*args):
+        encoding.set()
+        release.wait(60)
+        return encoded(*args)
+
+    monkeypatch.setattr(vision_rows, "_encoded", held)
+    end = AutoTokenizer.from_pretrained(vision_model).convert_tokens_to_ids("<|im_end|>")
+    with in_process(vision_model, monkeypatch) as client:
+        body = {
+            "messages": VISION["hello"].messages,
+            "logit_bias": {str(end): -100},
+            "max_tokens": 3000,
+            "stream": True,
+        }
+        conn, response = open_stream(client.url, CHAT, body)
+        assert response.status == 200
+        response.readline()
+        answers: list = []
+        question = {"messages": colour_question(data_uri(square_png("green", 84)))}
+        asked = threading.Thread(target=lambda: answers.append(client.post(CHAT, question)))
+        asked.start()
+        assert encoding.wait(30)
+        conn.sock.settimeout(30)  # a loop held by the encoder would hold the stream too
+        chunks = [line for line in (response.readline() for _ in range(40)) if line.strip()]
+        assert len(chunks) >= 10 and all(line.startswith(b"data: {") for line in chunks)
+        release.set()
+        asked.join(60)
+        conn.close()
+        status, _, body = answers[0]
+        assert status == 200 and body["choices"][0]["message"]["content"] == "Green."

@@ -12,6 +12,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,7 +21,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.engine.head_drafts import draft_with_head
-from mlxserve.engine.jobs import GenerationJob
+from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
 from mlxserve.engine.quantized_cache import KVQuantization
@@ -33,10 +34,10 @@ from mlxserve.engine.speculative import (
     speculate_in,
     verify_cost,
 )
-from mlxserve.engine.vision_rows import RopeDeltas, VisionRow, batch_model
+from mlxserve.engine.vision_rows import Encoder, RopeDeltas, VisionRow, batch_model
 from mlxserve.models.provider import LoadedModel
 from mlxserve.mtp.hidden import HiddenCapture, splits_exactly
-from mlxserve.protocol.errors import bad_request
+from mlxserve.protocol.errors import bad_request, internal_error
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ class _Admitted:
     jobs: list[GenerationJob]
     hit: CacheHit
     arrived: float
-    vision: VisionRow | None = None  # a vision model's row, once its processing began
+    vision: VisionRow | None = None  # a vision model's row, once its images are encoded
+    encoding: Future[VisionRow] | None = None  # its images in the encoder meanwhile
 
     def view(self, now: float) -> Waiting:
         return Waiting(len(self.hit.rest), len(self.jobs), now - self.arrived)
@@ -129,15 +131,18 @@ class BatchSession:
         draft_tokens: int,
         clock: Callable[[], float] = time.perf_counter,
         worst: Callable[[float], float] | None = None,
+        wake: Callable[[], None] = lambda: None,
     ):
         """`trim_prompt_cache`: called when KV caches grew or were set free, for the
         prompt cache to give way within the budget (the worker knows every model's);
         `draft_tokens`: drafted per step by the model's draft model, if it has one;
         `clock`: what the scheduler reads as now; `worst`: where ranks run this batch in
         lockstep, the largest of every rank's value of a measurement (see
-        engine.lockstep)."""
+        engine.lockstep); `wake`: wakes the generation loop, waiting for work, when a
+        prompt's images are through the vision encoder."""
         self._loaded = loaded
         self._model = batch_model(loaded.model, loaded.spec.vision)  # what the batch calls
+        self._encoder = Encoder(wake) if loaded.spec.vision else None
         self._clock = clock
         self._worst = worst or (lambda value: value)
         self._traced = worst is not None  # ranks run this batch in lockstep
@@ -358,25 +363,34 @@ class BatchSession:
         self._sequences.clear()
         self._admitted.clear()
         self._generator.close()
+        if self._encoder is not None:
+            self._encoder.close()
+
+    def ready(self) -> bool:
+        """Whether a step would do anything now: not when every waiting prompt waits for
+        the vision encoder (its end wakes the loop)."""
+        return bool(self._sequences) or any(
+            a.encoding is None or a.encoding.done() for a in self._admitted
+        )
 
     def _schedule(self) -> None:
-        if not self._admitted:
+        ready = [a for a in list(self._admitted) if self._encoded(a)]
+        if not ready:
             return
         now = self._clock()
         plan = plan_prefill(
-            [a.view(now) for a in self._admitted],
+            [a.view(now) for a in ready],
             self._limits.prefill_chunk,
             free_slots=self._limits.decode - len(self._sequences),
             batch_empty=not self._sequences,
         )
         if plan.chunk is not None:
             index, tokens = plan.chunk
-            self._process_chunk(self._admitted[index], tokens)
-        for admitted in [self._admitted[i] for i in plan.insert]:
+            self._process_chunk(ready[index], tokens)
+        for admitted in [ready[i] for i in plan.insert]:
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
-            # The draft model's caches take the prompt here too; the batch feeds only the
-            # model.
-            # A vision row's prompt is processed here too: the batch feeds only tokens.
+            # The draft model's caches take the prompt here too (the batch feeds only the
+            # model), and so does a vision row's language model (the batch feeds tokens).
             drafter = self._loaded.draft_model is not None or self._head is not None
             vision = self._loaded.spec.vision
             if self.checkpoints or self._quantization is not None or drafter or vision:
@@ -389,13 +403,38 @@ class BatchSession:
             # Only now: if an insertion fails, its jobs are still found (and answered).
             self._admitted.remove(admitted)
 
+    def _encoded(self, admitted: _Admitted) -> bool:
+        """Whether a waiting prompt can be processed: a text prompt always; a vision
+        prompt once its images are through the encoder, which runs on a thread of its own
+        (`vision_rows.Encoder`) so that the streams beside it go on meanwhile. A failed
+        encoding answers the prompt's jobs."""
+        if not self._loaded.spec.vision or admitted.vision is not None:
+            return True
+        job = admitted.jobs[0]
+        done = len(job.prompt) - len(admitted.hit.rest)
+        if admitted.encoding is None:
+            if job.images is None or not job.images.images_after(done):
+                admitted.vision = VisionRow.prepare(self._model, job, done)  # no encoder
+            else:
+                assert self._encoder is not None
+                admitted.encoding = self._encoder.submit(self._model, job, done)
+                return False
+        elif not admitted.encoding.done():
+            return False
+        else:
+            try:
+                admitted.vision = admitted.encoding.result()
+            except Exception as e:
+                log.exception("encoding a prompt's images failed")
+                self._admitted.remove(admitted)
+                for job in admitted.jobs:
+                    job.emit(ErrorEvent(internal_error(f"Encoding the images failed: {e}")))
+                return False
+        admitted.vision.start(admitted.hit.cache[: self._layers])
+        return True
+
     def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
-        """Process the next `tokens` of a prompt too long to join the batch in one go. A
-        vision prompt's first share runs its images through the vision encoder instead,
-        a step of its own beside the streams (its chunks follow in the next steps)."""
-        if self._loaded.spec.vision and admitted.vision is None:
-            self._encode_images(admitted)
-            return
+        """Process the next `tokens` of a prompt too long to join the batch in one go."""
         self._advance(admitted, tokens)
         hit = admitted.hit
         total = len(admitted.jobs[0].prompt)
@@ -423,8 +462,6 @@ class BatchSession:
         done = len(job.prompt) - len(hit.rest)
         end = done + tokens
         marks = job.checkpoints if self.checkpoints else ()
-        if self._loaded.spec.vision and admitted.vision is None:
-            self._encode_images(admitted)
         for stop in sorted({*(m for m in marks if done < m < end), end}):
             start, count, done = done, stop - done, stop
             if count <= 0:
@@ -442,15 +479,6 @@ class BatchSession:
             hit.rest = hit.rest[count:]
             if stop in marks:
                 self._checkpoint(admitted)
-
-    def _encode_images(self, admitted: _Admitted) -> None:
-        """Prepare a vision row: its images through the encoder (if the cached prefix
-        does not hold them), its RoPE delta into its cache."""
-        done = len(admitted.jobs[0].prompt) - len(admitted.hit.rest)
-        admitted.vision = VisionRow.prepare(self._model, admitted.jobs[0], done)
-        admitted.vision.start(admitted.hit.cache[: self._layers])
-        if admitted.vision.embeds is not None:
-            mx.eval(admitted.vision.embeds)
 
     def _head_prefill(self, hit: CacheHit, count: int) -> None:
         """Process the next `count` prompt tokens into the model's caches and the head

@@ -45,6 +45,10 @@ class StreamSession:
     def decoding(self) -> int:
         return int(self._run is not None)
 
+    def ready(self) -> bool:
+        """Whether a step would do anything now."""
+        return len(self) > 0
+
     def jobs(self) -> list[GenerationJob]:
         return ([self._run.job] if self._run is not None else []) + list(self._queue)
 

@@ -12,9 +12,10 @@ The batch (`batch.BatchSession`) drives mlx-lm's BatchGenerator, which calls
   its token count and its position. It travels with the row through merges, filters, the
   prompt cache and the disk tier, so each row decodes at its own positions;
 - a row's prompt processed in chunks with its images (`VisionRow`): the vision encoder
-  runs once, when the first chunk needs it, and each chunk takes its slice of the merged
-  embeddings and of the whole prompt's positions, as mlx-vlm's own `generate_step` feeds
-  them.
+  runs once, on a thread of its own (`Encoder`: a large image's encoder pass costs as
+  much as many prefill chunks, and the streams beside it must go on meanwhile), and each
+  chunk takes its slice of the merged embeddings and of the whole prompt's positions, as
+  mlx-vlm's own `generate_step` feeds them.
 
 Why not mlx-vlm's BatchGenerator (`mlx_vlm/generate/ar.py`): it is a second engine, with
 its own prompt cache, scheduler and drafters; every feature of ours (the shared prompt
@@ -25,6 +26,8 @@ take per-row cache offsets and RoPE deltas, which is all a row of ours needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +46,6 @@ class RopeDeltas:
 
     def __init__(self, deltas: mx.array | None = None):
         self.deltas = deltas if deltas is not None else mx.zeros((1, 1), dtype=mx.int32)
-
-    def values(self, rows: int) -> mx.array:
-        return mx.broadcast_to(self.deltas, (rows, 1)) if self.deltas.shape[0] == 1 else self.deltas
 
     # mlx-lm's cache protocol (what its batch and its save/load call)
     @property
@@ -157,7 +157,7 @@ class VisionBatchModel:
         layers, deltas = cache[:-1], cache[-1]
         offset = next(c.offset for c in layers if hasattr(c, "offset"))
         rows, length = inputs.shape
-        start = mx.array(offset).reshape(-1, 1) + deltas.values(rows)
+        start = mx.array(offset).reshape(-1, 1) + deltas.deltas
         positions = start + mx.arange(length)[None]
         kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
         logits = self.language_model(inputs, cache=layers, **kwargs).logits
@@ -167,9 +167,10 @@ class VisionBatchModel:
 
 @dataclass
 class VisionRow:
-    """What a waiting vision row's chunks need besides its tokens: the merged embeddings
-    while images remain to be processed (None after), and the language model's keyword
-    arguments for the whole prompt (its positions among them)."""
+    """What a waiting vision row's chunks need besides its tokens: the whole prompt's
+    merged embeddings where images lie past the cached prefix (None where none do), and
+    the language model's keyword arguments for the whole prompt (its positions among
+    them)."""
 
     embeds: mx.array | None
     kwargs: dict[str, Any]
@@ -215,6 +216,34 @@ class VisionRow:
             mx.array(tokens)[None], inputs_embeds=embeds, cache=layers, **self.kwargs
         )
         cache[: len(layers)] = layers  # mlx-vlm's per-row paths replace entries of the list
+
+
+class Encoder:
+    """Vision rows' images through the vision encoder, one prompt at a time, on a thread
+    of its own. MLX gives each thread its own default stream (from 0.31.2): the row's
+    arrays are evaluated here, so nothing the generation thread then runs depends on work
+    in flight on this thread."""
+
+    def __init__(self, wake: Callable[[], None]):
+        """`wake`: called when a prompt's encoding ends (the generation loop may wait)."""
+        self._wake = wake
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vision-encoder")
+
+    def submit(self, model: VisionBatchModel, job: GenerationJob, cached: int) -> Future[VisionRow]:
+        future = self._pool.submit(_encoded, model, job, cached)
+        future.add_done_callback(lambda _: self._wake())
+        return future
+
+    def close(self) -> None:
+        """Stop the thread (after the encoding it runs): a thread of MLX's still running
+        when the process exits aborts it."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _encoded(model: VisionBatchModel, job: GenerationJob, cached: int) -> VisionRow:
+    row = VisionRow.prepare(model, job, cached)
+    mx.eval(row.embeds, [v for v in row.kwargs.values() if isinstance(v, mx.array)])
+    return row
 
 
 def batch_model(loaded_model: Any, vision: bool) -> Any:

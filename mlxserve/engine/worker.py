@@ -94,7 +94,7 @@ class GenerationWorker:
         self._refusal = unavailable(SHUTTING_DOWN)  # what submits get once stopping
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
         # Loads off the generation thread; in lockstep every rank loads at the same step.
-        self._loads = BackgroundLoads(provider.read, lambda: self._intake.put(_wake_up))
+        self._loads = BackgroundLoads(provider.read, self._wake)
         self._load_in_background = lockstep is None
 
     def start(self) -> None:
@@ -293,7 +293,7 @@ class GenerationWorker:
         (published first when other ranks follow)."""
         if self._lockstep is not None and self._lockstep.follows:
             return self._lockstep.receive() if self._following else self._local_call()
-        decoding = any(len(s) > 0 for s in self._sessions.values())
+        decoding = any(s.ready() for s in self._sessions.values())
         # Requests waiting only for a load: the load wakes the loop when it ends.
         waiting = bool(self._pending) and self._loads.loading is None
         arrived = self._take(block=not decoding and not waiting)
@@ -541,6 +541,7 @@ class GenerationWorker:
             draft_tokens,
             clock=lambda: self._now,
             worst=lockstep.worst if lockstep is not None else None,
+            wake=self._wake,
         )
 
     def _too_large(self, name: str, weight_bytes: int) -> ServiceError:
@@ -580,6 +581,10 @@ class GenerationWorker:
                 code="insufficient_memory",
                 retry_after=RETRY_AFTER_SECONDS,
             )
+
+    def _wake(self) -> None:
+        """Wake the loop if it waits for work (a load or an encoding ended); any thread."""
+        self._intake.put(_wake_up)
 
     def _weight_bytes(self) -> int:
         """The resident models' weights and those of the model loading."""
