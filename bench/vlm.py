@@ -171,25 +171,29 @@ def main() -> None:
             finally:
                 target.stop()
     report(results, args.streams, args.rounds)
-    print("\nmlxserve, medians:")
+    print("\nmlxserve, median (min-max):")
     for name, values in gaps.items():
-        print(f"- {name}: {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})")
+        print(f"- {name}: {spread(values)}")
 
 
 def report(results: dict, streams: list[int], rounds: int) -> None:
-    print(f"\n{rounds} rounds, medians; ratio = mlxserve / mlx_vlm.server")
+    """Medians (min-max) over rounds; the ratio's are of each round's pair (the servers
+    alternate, so a round's two figures are measured closest in time)."""
+    print(f"\n{rounds} rounds, median (min-max); ratio = mlxserve / mlx_vlm.server")
     print("| streams | prompt | figure | mlxserve | mlx_vlm.server | ratio |")
     print("|---|---|---|---|---|---|")
     for n in streams:
         for image in (False, True):
             for name in ("aggregate tok/s", "slowest first token s"):
-                ours, theirs = (
-                    statistics.median(results[(n, image, name, kind)]) for kind in SERVERS
-                )
+                ours, theirs = (results[(n, image, name, kind)] for kind in SERVERS)
+                ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
                 prompt = "one image" if image else "text only"
-                print(
-                    f"| {n} | {prompt} | {name} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |"
-                )
+                cells = " | ".join(spread(v) for v in (ours, theirs, ratios))
+                print(f"| {n} | {prompt} | {name} | {cells} |")
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 if __name__ == "__main__":

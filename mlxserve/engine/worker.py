@@ -294,9 +294,9 @@ class GenerationWorker:
         if self._lockstep is not None and self._lockstep.follows:
             return self._lockstep.receive() if self._following else self._local_call()
         decoding = any(s.ready() for s in self._sessions.values())
-        # Requests waiting only for a load: the load wakes the loop when it ends.
-        waiting = bool(self._pending) and self._loads.loading is None
-        arrived = self._take(block=not decoding and not waiting)
+        # Pending requests may start now, unless they wait for a load (its end wakes us).
+        startable = bool(self._pending) and self._loads.loading is None
+        arrived = self._take(block=not decoding and not startable)
         step = LoopStep(
             time.perf_counter(),
             arrived or [],
@@ -664,7 +664,8 @@ class GenerationWorker:
 
 
 def _wake_up() -> None:
-    """Put on the intake to wake a waiting loop (a load ended); does nothing itself."""
+    """Put on the intake to wake a waiting loop (a load or an encoding ended); does
+    nothing itself."""
 
 
 def _capture(fn: Callable[[], Any]) -> tuple[bool, Any]:
