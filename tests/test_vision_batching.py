@@ -193,17 +193,36 @@ def test_speculation_gives_the_same_tokens(launch, family, library):
     bodies = requests(family.end_token)
     drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
-    _, _, metrics = srv.get("/metrics")
-    accepted = [
-        float(line.split()[-1])
-        for line in metrics.splitlines()
-        if line.startswith("mlxserve_speculative_accepted_tokens")
-    ]
     if family.drafts:
-        assert accepted and accepted[0] > 0
+        assert accepted_drafts(srv) > 0
     else:
-        assert not accepted or accepted[0] == 0
+        assert accepted_drafts(srv) == 0
         assert any("cannot drop rejected drafts" in line for line in srv.log), srv.log
+
+
+def accepted_drafts(srv) -> float:
+    """Drafted tokens the model accepted so far (0 where it never drafted)."""
+    _, _, metrics = srv.get("/metrics")
+    prefix = "mlxserve_speculative_accepted_tokens"
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
+def test_a_draft_model_drafts_beside_images(launch, family, library):
+    """A small language model drafts for a vision model (here its own language model, as
+    mlx-lm loads the checkpoint): the tokens mlx-vlm's generate_step gives, and drafts
+    accepted. A family whose caches cannot drop drafts refuses the draft model at start,
+    saying so."""
+    flags = ("--prompt-cache-size", "0", "--draft-model", str(family.model))
+    if not family.drafts:
+        with pytest.raises(RuntimeError, match="cannot drop a draft model's rejected drafts"):
+            launch(family.model, *flags)
+        return
+    srv = launch(family.model, *flags)
+    drafted = concurrently(
+        lambda body: reply(srv, body, streamed=False), requests(family.end_token)
+    )
+    assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
+    assert accepted_drafts(srv) > 0
 
 
 def test_a_quantized_kv_cache_batches_vision_rows_as_alone(launch, gemma3_vision_model):

@@ -56,7 +56,7 @@ def can_batch(loaded: LoadedModel) -> bool:
     caches = _fresh_caches(loaded, None)
     if not all(hasattr(c, "merge") for c in caches):
         return False
-    return loaded.draft_model is None or all(type(c) is KVCache for c in caches)
+    return loaded.draft_model is None or not any(_exact_prefix_only(c) for c in caches)
 
 
 def _fresh_caches(loaded: LoadedModel, head: Any) -> list[Any]:
@@ -430,7 +430,7 @@ class BatchSession:
                 for job in admitted.jobs:
                     job.emit(ErrorEvent(internal_error(f"Encoding the images failed: {e}")))
                 return False
-        admitted.vision.start(admitted.hit.cache[: self._layers])
+        admitted.vision.start(self._model, admitted.hit.cache)
         return True
 
     def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
@@ -466,7 +466,7 @@ class BatchSession:
             start, count, done = done, stop - done, stop
             if count <= 0:
                 continue
-            chunk = mx.array(hit.rest[:count])[None]
+            chunk = mx.array(job.prompt[start:stop])[None]  # tokens, not image keys
             if admitted.vision is not None:
                 admitted.vision.process(self._model, job.prompt[start:stop], start, hit.cache)
             elif self._head is not None:

@@ -140,6 +140,9 @@ class VisionBatchModel:
         self.vlm = model
         self.language_model = model.language_model
         self.mrope = callable(getattr(self.language_model, "get_rope_index", None))
+        # the language model's caches, first in a row's list (then the RoPE deltas', then
+        # a draft model's, which mlx-lm's batch passes along and a model ignores)
+        self.layers_count = len(vlm_cache.make_prompt_cache(self.language_model))
 
     @property
     def layers(self) -> Any:
@@ -152,16 +155,22 @@ class VisionBatchModel:
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> Any:
         """Logits for `inputs` continuing each row's cache; a Qwen-VL row's tokens sit at
         its cache offset plus its RoPE delta."""
-        if not self.mrope or cache is None:
-            return self.language_model(inputs, cache=cache, **kwargs).logits
-        layers, deltas = cache[:-1], cache[-1]
+        if cache is None:
+            return self.language_model(inputs, **kwargs).logits
+        count = self.layers_count
+        layers = cache[:count]
+        if not self.mrope:
+            logits = self.language_model(inputs, cache=layers, **kwargs).logits
+            cache[:count] = layers  # mlx-vlm's per-row paths replace entries of the list
+            return logits
+        deltas = cache[count]
         offset = next(c.offset for c in layers if hasattr(c, "offset"))
         rows, length = inputs.shape
         start = mx.array(offset).reshape(-1, 1) + deltas.deltas
         positions = start + mx.arange(length)[None]
         kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
         logits = self.language_model(inputs, cache=layers, **kwargs).logits
-        cache[:-1] = layers  # mlx-vlm's per-row paths replace entries of the list
+        cache[:count] = layers
         return logits
 
 
@@ -199,17 +208,17 @@ class VisionRow:
             extra.update(position_ids=positions, rope_deltas=deltas)
         return cls(None, extra)
 
-    def start(self, cache: list[Any]) -> None:
+    def start(self, model: VisionBatchModel, cache: list[Any]) -> None:
         """Give the row's RoPE delta cache (if it has one) this prompt's delta."""
         deltas = self.kwargs.get("rope_deltas")
-        if deltas is not None and isinstance(cache[-1], RopeDeltas):
-            cache[-1].deltas = deltas.reshape(1, 1).astype(mx.int32)
+        if deltas is not None and model.mrope:
+            cache[model.layers_count].deltas = deltas.reshape(1, 1).astype(mx.int32)
 
     def process(
         self, model: VisionBatchModel, tokens: list[int], start: int, cache: list[Any]
     ) -> None:
         """Process `tokens`, the prompt's tokens from position `start`, into `cache`."""
-        layers = cache[:-1] if model.mrope else cache
+        layers = cache[: model.layers_count]
         end = start + len(tokens)
         embeds = self.embeds[:, start:end] if self.embeds is not None else None
         model.language_model(

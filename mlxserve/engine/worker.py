@@ -522,6 +522,12 @@ class GenerationWorker:
                 f"{loaded.spec.path.name} cannot be batched, and only a batch runs in "
                 "lockstep across machines: serve it on one machine."
             )
+        if not can_batch(loaded) and loaded.spec.vision and loaded.draft_model is not None:
+            raise bad_request(
+                f"{loaded.spec.path.name}'s caches cannot drop a draft model's rejected "
+                "drafts (a sliding window or recurrent layers): serve it without "
+                "--draft-model."
+            )
         if not can_batch(loaded):
             why = (
                 "a vision model whose caches do not batch"

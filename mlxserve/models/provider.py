@@ -418,7 +418,14 @@ class ModelProvider:
         if spec.kind == "speech":
             return Synthesizer.load(spec.path), None, None
         if spec.vision:
-            return load_vision_model(spec.path, spec.adapter_path), None, None
+            if spec.draft_path is not None and drafter_kind(spec.draft_path) is not None:
+                raise bad_request(
+                    f"{spec.draft_path.name} drafts from a text model's hidden states: a "
+                    "vision model drafts with a small language model (--draft-model) or "
+                    "from the context (--speculation)."
+                )
+            draft = load_model(spec.draft_path)[0] if spec.draft_path else None
+            return load_vision_model(spec.path, spec.adapter_path), draft, None
         model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
         if self._split is not None:
             self._split(model)
