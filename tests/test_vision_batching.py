@@ -5,6 +5,7 @@ drafted step or a restart change nothing for the others."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -93,8 +94,13 @@ def family(request) -> Family:
 
 @pytest.fixture(scope="module")
 def library(family) -> list[tuple]:
-    """What mlx-vlm's own generate_step gives for each request, in this process: the
-    prompt rendered as the server renders it, the end token forbidden as logit_bias does."""
+    """What mlx-vlm's own generate_step gives for each of `requests`."""
+    return generate_alone(family, requests(family.end_token))
+
+
+def generate_alone(family: Family, bodies: list[dict]) -> list[tuple]:
+    """What mlx-vlm's own generate_step gives for each body, in this process: the prompt
+    rendered as the server renders it, the end token forbidden as logit_bias does."""
     import mlx.core as mx
     from mlx_vlm.generate import generate_step
 
@@ -106,17 +112,16 @@ def library(family) -> list[tuple]:
     from mlxserve.models.tokenizer import load_text_tokenizer
     from mlxserve.models.vision import load_vision_model, load_vision_processor
 
-    vision_model, end_token = family.model, family.end_token
-    tokenizer = load_text_tokenizer(vision_model, False)
-    processor = load_vision_processor(vision_model, False)
-    chat = VisionChat(tokenizer, processor, vision_model, ImageLimits.from_config(ServerConfig()))
-    model = load_vision_model(vision_model, None)
+    tokenizer = load_text_tokenizer(family.model, False)
+    processor = load_vision_processor(family.model, False)
+    chat = VisionChat(tokenizer, processor, family.model, ImageLimits.from_config(ServerConfig()))
+    model = load_vision_model(family.model, None)
 
     def forbid_end(_tokens, logits):
-        return logits + mx.where(mx.arange(logits.shape[-1]) == end_token, -100.0, 0.0)
+        return logits + mx.where(mx.arange(logits.shape[-1]) == family.end_token, -100.0, 0.0)
 
     expected = []
-    for body in requests(end_token):
+    for body in bodies:
         request = chat_request(validate(ChatRequest, {"messages": body["messages"]}))
         prompt, images = render_vision_chat(chat, request, {}, None, False)
         model.language_model._position_ids = None  # each prompt computes its own positions
@@ -312,3 +317,36 @@ def test_a_stream_goes_on_while_images_are_encoded(vision_model, monkeypatch):
         conn.close()
         status, _, body = answers[0]
         assert status == 200 and body["choices"][0]["message"]["content"] == "Green."
+
+
+def test_an_image_seen_after_other_text_skips_the_encoder(family, monkeypatch):
+    """The encoder's output is kept per image: the same image after another system prompt
+    (which the prompt cache cannot continue) is not encoded again, and the reply is the
+    one mlx-vlm's generate_step gives. A third prompt with a new image is encoded."""
+    import importlib
+
+    from test_failure import in_process
+
+    model_type = json.loads((family.model / "config.json").read_text())["model_type"]
+    architecture = importlib.import_module(f"mlx_vlm.models.{model_type}").Model
+    embeddings, encoded = architecture.get_input_embeddings, []
+
+    def counted(self, input_ids=None, pixel_values=None, **kwargs):
+        if pixel_values is not None:
+            encoded.append(input_ids.shape)
+        return embeddings(self, input_ids, pixel_values, **kwargs)
+
+    monkeypatch.setattr(architecture, "get_input_embeddings", counted)
+    image = colour_question(data_uri(square_png("blue", 84)))
+    other = colour_question(data_uri(square_png("red", 84)))
+    system = {"role": "system", "content": "Answer in a word."}
+    bias = {str(family.end_token): -100}
+    bodies = [
+        {"messages": messages, "max_tokens": LENGTH, "logit_bias": bias, "logprobs": True}
+        for messages in ([system, *image], image, other)
+    ]
+    with in_process(family.model, monkeypatch) as client:
+        replies = [reply(client, body, streamed=False) for body in bodies]
+    assert len(encoded) == 2  # the blue square once, the red one once
+    expected = generate_alone(family, bodies)
+    assert all(same(a, b) for a, b in zip(replies, expected, strict=True)), (replies, expected)

@@ -305,9 +305,11 @@ class BatchSession:
         return self.footprint.batch([reserved_tokens(job) for job in jobs]) if jobs else 0
 
     def live_bytes(self) -> int:
-        """The KV bytes held now: the running batch's caches and the waiting prompts'."""
+        """The KV bytes held now: the running batch's caches and the waiting prompts' (and
+        a vision model's kept image features)."""
         waiting = sum(cache_bytes(a.hit.cache) for a in self._admitted)
-        return self._generator.prompt_cache_nbytes + waiting
+        features = self._model.features.nbytes if self._loaded.spec.vision else 0
+        return self._generator.prompt_cache_nbytes + waiting + features
 
     def admit(self, job: GenerationJob) -> None:
         """Queue a job. Jobs with the same prompt (a request's `n` choices, or a burst of

@@ -15,7 +15,9 @@ The batch (`batch.BatchSession`) drives mlx-lm's BatchGenerator, which calls
   runs once, on a thread of its own (`Encoder`: a large image's encoder pass costs as
   much as many prefill chunks, and the streams beside it must go on meanwhile), and each
   chunk takes its slice of the merged embeddings and of the whole prompt's positions, as
-  mlx-vlm's own `generate_step` feeds them.
+  mlx-vlm's own `generate_step` feeds them. The encoder's output for each image is kept
+  (`ImageFeatures`), so a later prompt with the same image skips the encoder even where
+  the prompt cache cannot help (other text before the image).
 
 Why not mlx-vlm's BatchGenerator (`mlx_vlm/generate/ar.py`): it is a second engine, with
 its own prompt cache, scheduler and drafters; every feature of ours (the shared prompt
@@ -26,6 +28,7 @@ take per-row cache offsets and RoPE deltas, which is all a row of ours needs.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -133,11 +136,45 @@ def _batchable(cache: Any) -> Any:
     return cache
 
 
+# What get_input_embeddings returns beside the embeddings for families whose embeddings
+# are the text's with each image's rows merged in: positions (recomputed from the prompt)
+# and Gemma 3's two-way mask (which its language model does not take).
+_POSITIONS_ONLY = frozenset({"position_ids", "rope_deltas", "attention_mask_4d"})
+FEATURES_MAX_BYTES = 256 << 20
+
+
+class ImageFeatures:
+    """The vision encoder's output for the images a model saw lately: the rows each image
+    took in its prompt's merged embeddings, keyed by the image's id in the prompt cache's
+    tokens (a hash of its bytes and those of the images before it), least recently used
+    dropped past FEATURES_MAX_BYTES. Touched on the encoder's thread only."""
+
+    def __init__(self) -> None:
+        self._rows: OrderedDict[int, mx.array] = OrderedDict()
+        self.nbytes = 0  # read by the generation thread (the memory it holds)
+
+    def get(self, keys: list[int]) -> list[mx.array] | None:
+        if not all(key in self._rows for key in keys):
+            return None
+        for key in keys:
+            self._rows.move_to_end(key)
+        return [self._rows[key] for key in keys]
+
+    def put(self, keys: list[int], rows: list[mx.array]) -> None:
+        for key, row in zip(keys, rows, strict=True):
+            if key not in self._rows:
+                self._rows[key] = row
+                self.nbytes += row.nbytes
+        while self.nbytes > FEATURES_MAX_BYTES and self._rows:
+            self.nbytes -= self._rows.popitem(last=False)[1].nbytes
+
+
 class VisionBatchModel:
     """An mlx-vlm model as the batch calls a text model (see the module's docstring)."""
 
     def __init__(self, model: Any):
         self.vlm = model
+        self.features = ImageFeatures()
         self.language_model = model.language_model
         self.mrope = callable(getattr(self.language_model, "get_rope_index", None))
         # the language model's caches, first in a row's list (then the RoPE deltas', then
@@ -190,23 +227,23 @@ class VisionRow:
         prefix holds every image or none, see `PromptImages.reusable`)."""
         images = job.images
         tokens = mx.array(job.prompt)[None]
-        extra = dict(images.extra) if images is not None else {}
-        if images is not None and images.images_after(cached):
-            features = model.vlm.get_input_embeddings(
-                tokens, images.pixel_values, mask=images.attention_mask, **extra
-            )
-            found = {k: v for k, v in features.to_dict().items() if v is not None}
-            embeds = found.pop("inputs_embeds")
-            return cls(embeds, {**extra, **found})
-        if model.mrope:
-            positions, deltas = model.language_model.get_rope_index(
-                tokens,
-                extra.get("image_grid_thw"),
-                extra.get("video_grid_thw"),
-                images.attention_mask if images is not None else None,
-            )
-            extra.update(position_ids=positions, rope_deltas=deltas)
-        return cls(None, extra)
+        if images is None or not images.images_after(cached):
+            return cls(None, _positions(model, tokens, images))
+        keys = [images.cache_tokens[start] for start, _ in images.spans]
+        distinct = len(set(keys)) == len(keys)  # else images and runs are not paired
+        rows = model.features.get(keys) if distinct else None
+        if rows is not None:
+            text = model.vlm.get_input_embeddings(tokens, None).inputs_embeds
+            return cls(_merged(text, images.spans, rows), _positions(model, tokens, images))
+        extra = dict(images.extra)
+        features = model.vlm.get_input_embeddings(
+            tokens, images.pixel_values, mask=images.attention_mask, **extra
+        )
+        found = {k: v for k, v in features.to_dict().items() if v is not None}
+        embeds = found.pop("inputs_embeds")
+        if distinct and set(found) <= _POSITIONS_ONLY:
+            model.features.put(keys, [embeds[:, start:end] for start, end in images.spans])
+        return cls(embeds, {**extra, **found})
 
     def start(self, model: VisionBatchModel, cache: list[Any]) -> None:
         """Give the row's RoPE delta cache (if it has one) this prompt's delta."""
@@ -225,6 +262,30 @@ class VisionRow:
             mx.array(tokens)[None], inputs_embeds=embeds, cache=layers, **self.kwargs
         )
         cache[: len(layers)] = layers  # mlx-vlm's per-row paths replace entries of the list
+
+
+def _positions(model: VisionBatchModel, tokens: mx.array, images: Any) -> dict[str, Any]:
+    """The language model's keyword arguments for a prompt whose images are not encoded
+    now: the processor's outputs, and a Qwen-VL prompt's positions (images included)."""
+    extra = dict(images.extra) if images is not None else {}
+    if model.mrope:
+        positions, deltas = model.language_model.get_rope_index(
+            tokens,
+            extra.get("image_grid_thw"),
+            extra.get("video_grid_thw"),
+            images.attention_mask if images is not None else None,
+        )
+        extra.update(position_ids=positions, rope_deltas=deltas)
+    return extra
+
+
+def _merged(text: mx.array, spans: tuple[tuple[int, int], ...], rows: list[mx.array]) -> mx.array:
+    """The text's embeddings with each image's rows in its span."""
+    parts, done = [], 0
+    for (start, end), row in zip(spans, rows, strict=True):
+        parts += [text[:, done:start], row]
+        done = end
+    return mx.concatenate([*parts, text[:, done:]], axis=1)
 
 
 class Encoder:
