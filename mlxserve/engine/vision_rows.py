@@ -242,7 +242,10 @@ class VisionRow:
         found = {k: v for k, v in features.to_dict().items() if v is not None}
         embeds = found.pop("inputs_embeds")
         if distinct and set(found) <= _POSITIONS_ONLY:
-            model.features.put(keys, [embeds[:, start:end] for start, end in images.spans])
+            # copies: a slice would keep the whole prompt's embeddings alive
+            rows = [mx.array(embeds[:, start:end]) for start, end in images.spans]
+            mx.eval(rows)
+            model.features.put(keys, rows)
         return cls(embeds, {**extra, **found})
 
     def start(self, model: VisionBatchModel, cache: list[Any]) -> None:
