@@ -55,8 +55,14 @@ def reply(srv, body: dict, streamed: bool) -> tuple[str, list[str], list[float]]
     else:
         status, _, whole = srv.post(CHAT, body)
         assert status == 200, whole
-        entries = whole["choices"][0]["logprobs"]["content"]
-        content = whole["choices"][0]["message"]["content"]
+        return whole_reply(whole)
+    return content, [e["token"] for e in entries], [e["logprob"] for e in entries]
+
+
+def whole_reply(whole: dict) -> tuple[str, list[str], list[float]]:
+    """A non-streamed reply's content, tokens and their logprobs."""
+    entries = whole["choices"][0]["logprobs"]["content"]
+    content = whole["choices"][0]["message"]["content"]
     return content, [e["token"] for e in entries], [e["logprob"] for e in entries]
 
 
@@ -322,7 +328,9 @@ def test_a_stream_goes_on_while_images_are_encoded(vision_model, monkeypatch):
 def test_an_image_seen_after_other_text_skips_the_encoder(family, monkeypatch):
     """The encoder's output is kept per image: the same image after another system prompt
     (which the prompt cache cannot continue) is not encoded again, and the reply is the
-    one mlx-vlm's generate_step gives. A third prompt with a new image is encoded."""
+    one mlx-vlm's generate_step gives. A third prompt with a new image is encoded; a
+    follow-up turn continues the cached image turn (its text placed after the image by
+    the row's RoPE delta), encoding nothing, and still replies as generate_step does."""
     import importlib
 
     from test_failure import in_process
@@ -340,13 +348,21 @@ def test_an_image_seen_after_other_text_skips_the_encoder(family, monkeypatch):
     image = colour_question(data_uri(square_png("blue", 84)))
     other = colour_question(data_uri(square_png("red", 84)))
     system = {"role": "system", "content": "Answer in a word."}
+    follow_up = [
+        *image,
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Say it again."},
+    ]
     bias = {str(family.end_token): -100}
     bodies = [
         {"messages": messages, "max_tokens": LENGTH, "logit_bias": bias, "logprobs": True}
-        for messages in ([system, *image], image, other)
+        for messages in ([system, *image], image, other, follow_up)
     ]
     with in_process(family.model, monkeypatch) as client:
-        replies = [reply(client, body, streamed=False) for body in bodies]
+        answers = [client.post(CHAT, body)[2] for body in bodies]
+    replies = [whole_reply(answer) for answer in answers]
     assert len(encoded) == 2  # the blue square once, the red one once
+    # the follow-up continued the image turn: the image and more came from the cache
+    assert answers[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 20
     expected = generate_alone(family, bodies)
     assert all(same(a, b) for a, b in zip(replies, expected, strict=True)), (replies, expected)

@@ -392,10 +392,11 @@ class BatchSession:
         for admitted in [ready[i] for i in plan.insert]:
             jobs = [job for job in admitted.jobs if not job.cancelled.is_set()]
             # The draft model's caches take the prompt here too (the batch feeds only the
-            # model), and so does a vision row's language model (the batch feeds tokens).
+            # model), and so does a vision row's language model where images remain (the
+            # batch feeds tokens; text after the images it places by the row's RoPE delta).
             drafter = self._loaded.draft_model is not None or self._head is not None
-            vision = self._loaded.spec.vision
-            if self.checkpoints or self._quantization is not None or drafter or vision:
+            images = admitted.vision is not None and admitted.vision.embeds is not None
+            if self.checkpoints or self._quantization is not None or drafter or images:
                 self._to_last_token(admitted)
             hit = admitted.hit
             for i, job in enumerate(jobs):
