@@ -53,15 +53,17 @@ def can_batch(loaded: LoadedModel) -> bool:
     """Batching (mlx-lm's BatchGenerator) needs a model whose caches merge into batch
     caches (a vision model's language model's too, see `vision_rows`); with a draft
     model, caches that can drop the drafts they reject."""
-    caches = _fresh_caches(loaded, None)
+    model = batch_model(loaded.model, loaded.spec.vision)
+    caches = _fresh_caches(model, loaded, None)
     if not all(hasattr(c, "merge") for c in caches):
         return False
     return loaded.draft_model is None or not any(_exact_prefix_only(c) for c in caches)
 
 
-def _fresh_caches(loaded: LoadedModel, head: Any) -> list[Any]:
-    """A sequence's empty caches: the model's, then its draft model's or MTP head's."""
-    models = [batch_model(loaded.model, loaded.spec.vision), loaded.draft_model, head]
+def _fresh_caches(model: Any, loaded: LoadedModel, head: Any) -> list[Any]:
+    """A sequence's empty caches: the model's (as the batch calls it, see `batch_model`),
+    then its draft model's or MTP head's."""
+    models = [model, loaded.draft_model, head]
     return [c for m in models if m is not None for c in make_prompt_cache(m)]
 
 
@@ -511,7 +513,7 @@ class BatchSession:
                     self._cache.store(self._key, admitted.processed(), admitted.hit.cache)
 
     def _fresh(self) -> list[Any]:
-        return _fresh_caches(self._loaded, self._head)
+        return _fresh_caches(self._model, self._loaded, self._head)
 
     def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
         tokenizer = self._loaded.tokenizer
