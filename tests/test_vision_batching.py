@@ -149,11 +149,11 @@ def generate_alone(family: Family, bodies: list[dict]) -> list[tuple]:
     return expected
 
 
-def endless_image_stream(srv, end: int, colour: str):
-    """A streamed image row that never ends by itself: the batch is running once its
-    first line came."""
+def endless_stream(srv, end: int, messages: list[dict]):
+    """A streamed row that never ends by itself: the batch is running once its first
+    line came."""
     body = {
-        "messages": colour_question(data_uri(square_png(colour, 84))),
+        "messages": messages,
         "logit_bias": {str(end): -100},
         "max_tokens": 3000,
         "stream": True,
@@ -175,12 +175,14 @@ def test_rows_equal_alone_and_mlx_vlm_generate(launch, family, library):
     assert all(same(a, b) for a, b in zip(alone, library, strict=True)), (alone, library)
 
     def leave_mid_stream() -> None:
-        conn, response = endless_image_stream(srv, end_token, "green")
+        square = colour_question(data_uri(square_png("green", 84)))
+        conn, response = endless_stream(srv, end_token, square)
         for _ in range(5):
             response.readline()
         conn.close()
 
-    background, _ = endless_image_stream(srv, end_token, "blue")
+    square = colour_question(data_uri(square_png("blue", 84)))
+    background, _ = endless_stream(srv, end_token, square)
     try:
         jobs = [(body, i % 2 == 0) for i, body in enumerate(bodies)]
         with ThreadPoolExecutor(len(jobs) + 1) as pool:
@@ -301,15 +303,7 @@ def test_a_stream_goes_on_while_images_are_encoded(vision_model, monkeypatch):
     monkeypatch.setattr(vision_rows, "_encoded", held)
     end = AutoTokenizer.from_pretrained(vision_model).convert_tokens_to_ids("<|im_end|>")
     with in_process(vision_model, monkeypatch) as client:
-        body = {
-            "messages": VISION["hello"].messages,
-            "logit_bias": {str(end): -100},
-            "max_tokens": 3000,
-            "stream": True,
-        }
-        conn, response = open_stream(client.url, CHAT, body)
-        assert response.status == 200
-        response.readline()
+        conn, response = endless_stream(client, end, VISION["hello"].messages)
         answers: list = []
         question = {"messages": colour_question(data_uri(square_png("green", 84)))}
         asked = threading.Thread(target=lambda: answers.append(client.post(CHAT, question)))
