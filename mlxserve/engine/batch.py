@@ -471,9 +471,10 @@ class BatchSession:
             start, count, done = done, stop - done, stop
             if count <= 0:
                 continue
-            chunk = mx.array(job.prompt[start:stop])[None]  # tokens, not image keys
+            tokens_now = job.prompt[start:stop]  # tokens, not the image keys in hit.rest
+            chunk = mx.array(tokens_now)[None]
             if admitted.vision is not None:
-                admitted.vision.process(self._model, job.prompt[start:stop], start, hit.cache)
+                admitted.vision.process(self._model, tokens_now, start, hit.cache)
             elif self._head is not None:
                 self._head_prefill(hit, count)
             else:

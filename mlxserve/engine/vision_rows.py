@@ -201,9 +201,10 @@ class VisionBatchModel:
             cache[:count] = layers  # mlx-vlm's per-row paths replace entries of the list
             return logits
         deltas = cache[count]
-        offset = next(c.offset for c in layers if hasattr(c, "offset"))
+        offset = next(c.offset for c in layers if hasattr(c, "offset"))  # per row, batched
+        offsets = offset if isinstance(offset, mx.array) else mx.array([offset])
         rows, length = inputs.shape
-        start = mx.array(offset).reshape(-1, 1) + deltas.deltas
+        start = offsets.reshape(-1, 1) + deltas.deltas
         positions = start + mx.arange(length)[None]
         kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
         logits = self.language_model(inputs, cache=layers, **kwargs).logits
