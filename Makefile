@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech run test lint format bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap clean
+.PHONY: install browser speech run test lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap clean
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# docs/cli.md is generated from the settings' declarations (a test fails when it is stale).
+docs: install
+	$(PY) -m mlxserve.cli_docs
 
 format: install
 	$(VENV)/bin/ruff format .

@@ -16,11 +16,11 @@ pin = true
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
 from mlxserve.config import ModelSettings
+from mlxserve.settings import chat_template
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,11 +30,9 @@ else:  # the same parser, before it joined the standard library
 KEYS = {f.name for f in fields(ModelSettings)}
 
 
-def load_models(
-    path: Path, template: Callable[[str | None], str | None]
-) -> tuple[ModelSettings, ...]:
-    """The [[models]] of a TOML file; `template` reads a chat_template value (a file or
-    Jinja text). Any mistake stops the server with a message naming it."""
+def load_models(path: Path) -> tuple[ModelSettings, ...]:
+    """The [[models]] of a TOML file (its keys: ModelSettings' fields). Any mistake stops
+    the server with a message naming it."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
@@ -43,12 +41,10 @@ def load_models(
     entries = data.get("models", [])
     if unknown or not isinstance(entries, list):
         raise SystemExit(f"mlxserve: --config {path}: only [[models]] tables belong here")
-    return tuple(_entry(path, i, entry, template) for i, entry in enumerate(entries))
+    return tuple(_entry(path, i, entry) for i, entry in enumerate(entries))
 
 
-def _entry(
-    path: Path, index: int, entry: dict, template: Callable[[str | None], str | None]
-) -> ModelSettings:
+def _entry(path: Path, index: int, entry: dict) -> ModelSettings:
     where = f"mlxserve: --config {path}: models[{index}]"
     if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
         raise SystemExit(f"{where} needs a 'model' (a hub repo id or a folder)")
@@ -62,7 +58,7 @@ def _entry(
         values["aliases"] = tuple(aliases)
     if "chat_template" in values:
         relative = path.parent / values["chat_template"]
-        values["chat_template"] = template(
+        values["chat_template"] = chat_template(
             str(relative) if relative.is_file() else values["chat_template"]
         )
     folder = path.parent / values["model"]
