@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mlxserve.protocol.errors import bad_request
+from mlxserve.protocol.request import ToolChoice, ToolChoiceMode
 
 
 class Strict(BaseModel):
@@ -93,3 +95,21 @@ def validate(model: type[BaseModel], body: dict) -> Any:
 def parse(model: type[BaseModel], raw: bytes) -> Any:
     """A request body as a validated wire model."""
     return validate(model, parse_json_body(raw))
+
+
+def check_tool_choice(value: Any, name_of: Callable[[dict], Any], shape: str) -> Any:
+    """A wire tool_choice: a mode, or an object naming one function. `name_of` finds the
+    name where the dialect puts it; `shape` says that object's shape in the error."""
+    if isinstance(value, dict):
+        if value.get("type") != "function" or not isinstance(name_of(value), str):
+            raise ValueError(shape)
+    elif value not in (None, *get_args(ToolChoiceMode)):
+        raise ValueError("must be 'auto', 'none', 'required' or a named function")
+    return value
+
+
+def tool_choice(value: str | dict | None, name_of: Callable[[dict], str]) -> ToolChoice:
+    """A checked wire tool_choice as the neutral one: a named function is required."""
+    if isinstance(value, dict):
+        return ToolChoice("required", name_of(value))
+    return ToolChoice(cast(ToolChoiceMode, value or "auto"))

@@ -17,25 +17,17 @@ from mlx_lm.sample_utils import (
     make_sampler,
 )
 
+from mlxserve.config import SamplingDefaults
 from mlxserve.engine.reasoning_budget import ReasoningBudget
+from mlxserve.protocol.request import Sampling
 from mlxserve.structured.matcher import Grammar
 
 
 @dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.0
-    repetition_penalty: float | None = None
-    repetition_context_size: int = 20
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    seed: int | None = None
+    # every gap filled (`Sampling.over`)
+    sampling: Sampling = field(default_factory=lambda: Sampling().over(SamplingDefaults()))
     stop: tuple[str, ...] = ()
     # None: no logprobs; 0: the chosen token's only; k: also the k most likely.
     logprobs: int | None = None
@@ -47,20 +39,27 @@ def build_sampler(params: GenerationParams, special_tokens: list[int], vocab_siz
     """The request's sampler. Unseeded requests with equal settings share one of mlx-lm's
     samplers, so a batch of them samples in one call; a seeded request draws from its own
     random key, so its output does not depend on what else is in the batch."""
+    s = params.sampling
     # A top_k that keeps the whole vocabulary is no top_k (mlx-lm refuses it).
-    top_k = params.top_k if 0 < params.top_k < vocab_size else 0
+    top_k = int(_filled(s.top_k))
     settings = SamplerSettings(
-        params.temperature,
-        params.top_p,
-        params.min_p,
-        top_k,
-        params.xtc_probability,
-        params.xtc_threshold,
+        _filled(s.temperature),
+        _filled(s.top_p),
+        _filled(s.min_p),
+        top_k if 0 < top_k < vocab_size else 0,
+        _filled(s.xtc_probability),
+        _filled(s.xtc_threshold),
         tuple(special_tokens),
     )
-    if params.seed is None or params.temperature == 0:
+    if s.seed is None or settings.temperature == 0:
         return _shared_sampler(settings)
-    return _keyed_sampler(settings, params.seed)
+    return _keyed_sampler(settings, s.seed)
+
+
+def _filled(value: float | None) -> float:
+    """A setting `Sampling.over` has filled in."""
+    assert value is not None, "GenerationParams.sampling has gaps: fill them with over()"
+    return value
 
 
 @dataclass(frozen=True)
@@ -129,12 +128,13 @@ class LogitBias:
 def build_logits_processors(params: GenerationParams) -> list[Callable]:
     """One sequence's processors; the reasoning budget and the grammar mask come last, so
     that no bias or penalty can bring back a token they forbid."""
-    processors: list[Callable] = [LogitBias(params.logit_bias)] if params.logit_bias else []
+    s = params.sampling
+    processors: list[Callable] = [LogitBias(s.logit_bias)] if s.logit_bias else []
     processors += make_logits_processors(
-        repetition_penalty=params.repetition_penalty,
-        repetition_context_size=params.repetition_context_size,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        repetition_context_size=s.repetition_context_size,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
     )
     if params.reasoning_budget is not None:
         processors.append(params.reasoning_budget.processor())

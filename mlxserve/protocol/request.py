@@ -7,7 +7,7 @@ may be at fault carries `param`: where the client put it, as its dialect names i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 
@@ -104,7 +104,9 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling settings; None: the server's default."""
+    """The sampling parameters, declared once: the dialects fill them from the wire, the
+    engine samples with them (`GenerationParams.sampling`). None: the server's default
+    (`over` fills it in before the engine sees it)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -118,6 +120,18 @@ class Sampling:
     frequency_penalty: float | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
+
+    def over(self, defaults: object) -> Sampling:
+        """These settings with their gaps filled: the server's default where `defaults` (a
+        SamplingDefaults) has a field of the same name, XTC off otherwise."""
+        gaps: dict[str, Any] = {"xtc_probability": 0.0, "xtc_threshold": 0.0}
+        gaps |= {
+            f.name: getattr(defaults, f.name) for f in fields(self) if hasattr(defaults, f.name)
+        }
+        return replace(
+            self,
+            **{name: value for name, value in gaps.items() if getattr(self, name) is None},
+        )
 
 
 @dataclass(frozen=True)

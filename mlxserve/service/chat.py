@@ -426,23 +426,9 @@ def _params(
             f"logit_bias token ids must be below {len(tokenizer)}.", param="logit_bias"
         )
 
-    def pick(value, default):
-        return default if value is None else value
-
     return GenerationParams(
         max_tokens=max_tokens,
-        temperature=pick(sampling.temperature, defaults.temperature),
-        top_p=pick(sampling.top_p, defaults.top_p),
-        top_k=pick(sampling.top_k, defaults.top_k),
-        min_p=pick(sampling.min_p, defaults.min_p),
-        xtc_probability=pick(sampling.xtc_probability, 0.0),
-        xtc_threshold=pick(sampling.xtc_threshold, 0.0),
-        repetition_penalty=sampling.repetition_penalty,
-        repetition_context_size=sampling.repetition_context_size,
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        logit_bias=dict(sampling.logit_bias),
-        seed=sampling.seed,
+        sampling=sampling.over(defaults),
         stop=request.stop,
         logprobs=request.logprobs,
         grammar=grammar,
@@ -452,6 +438,7 @@ def _params(
 def _sibling_seed(params: GenerationParams, sibling: int) -> GenerationParams:
     """Choice j of a seeded request draws from seed + j: the n choices differ from each
     other, the first equals the same request with n = 1, and all are reproducible."""
-    if sibling == 0 or params.seed is None:
+    seed = params.sampling.seed
+    if sibling == 0 or seed is None:
         return params
-    return replace(params, seed=params.seed + sibling)
+    return replace(params, sampling=replace(params.sampling, seed=seed + sibling))

@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxserve.config import ModelSettings, ServerConfig
+from mlxserve.config import ModelSettings, SamplingDefaults, ServerConfig
 from mlxserve.distributed.lockstep import Follower, Leader
 from mlxserve.distributed.world import World
 from mlxserve.engine.jobs import GenerationJob
@@ -22,6 +22,7 @@ from mlxserve.engine.lockstep import LoopStep
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.models.provider import ModelProvider, ModelSpec
+from mlxserve.protocol.request import Sampling
 from mlxserve.server import idle_worker, load_served, start_worker
 from mlxserve.structured import lark
 from mlxserve.structured.matcher import Grammar
@@ -55,10 +56,8 @@ def test_a_step_crosses_the_line_whole(tokenizer):
     grammar = Grammar(tokenizer, lark.grammar(lark.json_schema({"type": "integer"})))
     params = GenerationParams(
         max_tokens=9,
-        temperature=0.7,
-        seed=3,
+        sampling=Sampling(temperature=0.7, seed=3, logit_bias={5: -2.0}).over(SamplingDefaults()),
         stop=("\n",),
-        logit_bias={5: -2.0},
         logprobs=2,
         grammar=grammar,
         reasoning_budget=ReasoningBudget(4, (1,), (2,), False),

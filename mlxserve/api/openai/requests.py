@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field, ValidationInfo, field_validator
 
 from mlxserve.api.wire import Strict as _Strict
+from mlxserve.api.wire import check_tool_choice, tool_choice
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 from mlxserve.structured.lark import MAX_CHOICES
@@ -206,15 +207,8 @@ class ChatRequest(GenerationRequest):
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, value):
-        if isinstance(value, dict):
-            function = value.get("function")
-            if value.get("type") != "function" or not isinstance(function, dict):
-                raise ValueError("must be {'type': 'function', 'function': {'name': ...}}")
-            if not isinstance(function.get("name"), str):
-                raise ValueError("function.name must be a string")
-        elif value not in (None, "auto", "none", "required"):
-            raise ValueError("must be 'auto', 'none', 'required' or a named function")
-        return value
+        shape = "must be {'type': 'function', 'function': {'name': ...}}"
+        return check_tool_choice(value, _function_name, shape)
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -290,7 +284,7 @@ def chat_request(wire: ChatRequest) -> neutral.ChatRequest:
             neutral.Tool(f.name, f.description, f.parameters, f.strict)
             for f in (tool.function for tool in wire.tools or [])
         ),
-        tool_choice=_tool_choice(wire.tool_choice),
+        tool_choice=tool_choice(wire.tool_choice, _function_name),
         parallel_tool_calls=wire.parallel_tool_calls,
         reasoning_effort=wire.reasoning_effort,
         template_kwargs=_template_kwargs(wire),
@@ -363,10 +357,10 @@ def _content(content: str | list[ContentPart] | None, param: str):
     return tuple(parts)
 
 
-def _tool_choice(choice: str | dict | None) -> neutral.ToolChoice:
-    if isinstance(choice, dict):
-        return neutral.ToolChoice("required", choice["function"]["name"])
-    return neutral.ToolChoice(cast(neutral.ToolChoiceMode, choice or "auto"))
+def _function_name(choice: dict) -> Any:
+    """Chat's named tool_choice: {"type": "function", "function": {"name": ...}}."""
+    function = choice.get("function")
+    return function.get("name") if isinstance(function, dict) else None
 
 
 def _template_kwargs(wire: ChatRequest) -> dict:

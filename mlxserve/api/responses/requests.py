@@ -3,13 +3,13 @@ neutral chat request (the input items themselves are translated in conversation.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, cast
+from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mlxserve.api.quirks import leave_out_hosted_tools
 from mlxserve.api.responses.conversation import CompactionTrigger, Conversation, InputItem
-from mlxserve.api.wire import Strict
+from mlxserve.api.wire import Strict, check_tool_choice, tool_choice
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 
@@ -139,14 +139,8 @@ class ResponsesRequest(Strict):
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, value):
-        if isinstance(value, dict):
-            if value.get("type") != "function" or not isinstance(value.get("name"), str):
-                raise ValueError(
-                    "only {'type': 'function', 'name': ...} can name a tool on this server"
-                )
-        elif value not in (None, "auto", "none", "required"):
-            raise ValueError("must be 'auto', 'none', 'required' or a named function")
-        return value
+        shape = "only {'type': 'function', 'name': ...} can name a tool on this server"
+        return check_tool_choice(value, lambda choice: choice.get("name"), shape)
 
     @field_validator("background")
     @classmethod
@@ -250,6 +244,7 @@ def _tools(tools: list) -> tuple[neutral.Tool, ...]:
 
 
 def _tool_choice(choice: str | dict | None, tools: list) -> neutral.ToolChoice:
+    """A named function must be one this server runs, not a hosted tool."""
     if isinstance(choice, dict):
         name = choice["name"]
         hosted = [t for t in tools if isinstance(t, HostedTool) and name in (t.name, t.type)]
@@ -260,8 +255,7 @@ def _tool_choice(choice: str | dict | None, tools: list) -> neutral.ToolChoice:
                 "tool_choice",
                 code="unsupported_tool",
             )
-        return neutral.ToolChoice("required", name)
-    return neutral.ToolChoice(cast(neutral.ToolChoiceMode, choice or "auto"))
+    return tool_choice(choice, lambda named: named["name"])
 
 
 def _constraint(text: TextConfig | None) -> neutral.Constraint | None:
