@@ -46,9 +46,10 @@ def parser() -> argparse.ArgumentParser:
 
 def _add(group: argparse._ArgumentGroup, setting: Declared) -> None:
     option = setting.option
+    text = option.help.replace("%", "%%")  # argparse formats help with %
     if setting.is_switch:  # --flag sets True; a setting on by default is a --no-flag
         action = "store_false" if setting.default else "store_true"
-        group.add_argument(setting.flag, dest=setting.dest, action=action, help=option.help)
+        group.add_argument(setting.flag, dest=setting.dest, action=action, help=text)
         return
     default = os.environ.get(option.env) if option.env else None
     if option.many == "comma" and setting.default is not None:
@@ -63,7 +64,7 @@ def _add(group: argparse._ArgumentGroup, setting: Declared) -> None:
         choices=choices(setting),
         default=default,
         metavar=None if option.choices else setting.metavar,
-        help=option.help,
+        help=text,
     )
 
 

@@ -56,8 +56,8 @@ def _default(setting: Declared) -> str:
     option = setting.option
     if option.env:
         return f"`${option.env}`"
-    if option.shown_default is not None:
-        return f"`{option.shown_default}`"
+    if option.shown_default is not None:  # words, not a value
+        return option.shown_default
     value = setting.default
     if value is None or setting.is_switch or value == ():
         return ""

@@ -104,26 +104,25 @@ class ServerConfig:
         many="repeat",
         parse=ModelSettings,
         group=MODELS,
-        shown_default="demo",
-        help="hub repo id or local folder; 'demo' (default) serves SmolLM2-135M-Instruct. "
-        "Repeatable: every one is loaded at start and kept resident; the first is the default",
+        shown_default="`demo`",
+        help="Hugging Face repo id (downloaded when online, else taken from the HF cache) or a local mlx-lm or mlx-vlm folder; the name given is the name clients use. Repeatable: every model named is loaded at start and kept resident; the first is the default for requests without `model`",
     )
     config_file: Path | None = setting(
         None,
         flag="--config",
         parse=Path,
         group=MODELS,
-        help="a TOML file of models to serve (after the --model ones) with their own "
-        "names, aliases, chat template, parsers, draft model, context limit and pinning",
+        help="a TOML file of more models to serve, each with its own settings",
     )
     pin: bool = setting(
-        False, group=MODELS, help="never unload the --model models (for memory or when idle)"
+        False, group=MODELS, help="the `--model` models are never unloaded, for memory or when idle"
     )
     idle_unload_seconds: float | None = setting(
         None,
         parse=positive_float,
         group=MODELS,
-        help="unload a model idle this long (default: models stay until memory is needed)",
+        shown_default="never",
+        help="unload a model unused this long (its memory freed, MLX's cache cleared); the next request for it loads it again",
     )
     # (client name, served model) pairs; a name ending in "*" matches any name it prefixes
     model_aliases: tuple[tuple[str, str], ...] = setting(
@@ -133,8 +132,7 @@ class ServerConfig:
         parse=name_pair,
         metavar="NAME=MODEL",
         group=MODELS,
-        help="answer requests for NAME with MODEL (repeatable); a NAME ending in '*' matches "
-        "every name it begins, e.g. 'claude-*=demo' for Claude Code",
+        help="`NAME=MODEL` (repeatable): requests for `NAME` are served by `MODEL` (`default` is the served model); a `NAME` ending in `*` matches every name it begins, e.g. `'claude-*=default'` for Claude Code. An exact name wins over a prefix, a longer prefix over a shorter one",
     )
     model_dirs: tuple[Path, ...] = setting(
         (),
@@ -142,7 +140,7 @@ class ServerConfig:
         many="repeat",
         parse=Path,
         group=MODELS,
-        help="a folder whose models clients may load (repeatable)",
+        help="a folder whose model subfolders clients may load by name (repeatable)",
     )
     # The Hugging Face cache and `mlxserve pull --quantize`'s folder: listed in /v1/models
     # and loadable on request (False: only the --model and --model-dir models are).
@@ -150,112 +148,117 @@ class ServerConfig:
         True,
         flag="--no-cached-models",
         group=MODELS,
-        help="neither list nor load the models in the Hugging Face cache and those "
-        "`mlxserve pull --quantize` made; only --model and --model-dir ones",
+        help="neither list nor load the HF cache's models and `mlxserve pull --quantize`'s",
     )
     max_context: int | None = setting(
         None,
         parse=positive_int,
         group=MODELS,
-        help="most tokens a request may take, prompt and output together (default: the "
-        "context length in the model's config; this may only lower it)",
+        shown_default="the model's",
+        help="most tokens one request may take, prompt and output together; the default is the context length in the model's `config.json` (`max_position_embeddings` and kin), which this may only lower",
     )
     chat_template: str | None = setting(
         None,
         parse=chat_template,
         group=MODELS,
-        help="a Jinja chat template, or a file holding one",
+        help="a Jinja chat template (text with `{{` or `{%`), or a file holding one, replacing the model's; a path that names no file stops the server with an error",
     )
     chat_template_args: dict = setting(
         factory=dict,
         parse=json_object,
         group=MODELS,
-        shown_default="{}",
-        help="JSON object passed to the chat template",
+        shown_default="`{}`",
+        help="JSON object passed to the chat template (e.g. `'{\"enable_thinking\": false}'`); a request's `chat_template_kwargs` override it",
     )
-    trust_remote_code: bool = setting(
-        False, group=MODELS, help="let transformers run a checkpoint's own tokenizer code"
-    )
+    trust_remote_code: bool = setting(False, group=MODELS, help="allow tokenizers with custom code")
     adapter_path: str | None = setting(
-        None, group=MODELS, help="LoRA adapters to apply to the served model"
+        None, group=MODELS, help="LoRA adapters for the default (first) model"
     )
     text_only: bool = setting(
         False,
         group=MODELS,
-        help="serve vision-language checkpoints that mlx-lm also loads (Qwen3.5/3.6) as text "
-        "models: batched, drafting with their MTP head, without image input",
+        help="serve vision-language checkpoints that mlx-lm also loads (Qwen3.5 and 3.6 are published this way) as text models: drafting with their MTP head, images refused with a 400; without it they are served through mlx-vlm, batched like text, images taken, the head not used",
     )
     reasoning_format: str = setting(
         "separate",
         choices="reasoning formats",
         group=MODELS,
-        help="reasoning as reasoning_content fields (separate), inline <think> tags, "
-        "a <details> block, or hidden",
+        help="`separate`, `think-tags`, `details` or `hidden`; the OpenAI dialect only: Anthropic replies always carry reasoning as `thinking` blocks",
     )
     reasoning_parser: str | None = setting(
         None,
         choices="reasoning parsers",
         group=MODELS,
-        help="override the reasoning tags detected from the tokenizer",
+        shown_default="detected",
+        help="`think`, `none` or `harmony`: override the reasoning format detected from the tokenizer",
     )
     tool_parser: str | None = setting(
         None,
         choices="tool parsers",
         group=MODELS,
-        help="override the tool-call format detected from the chat template",
+        shown_default="detected",
+        help="a tool-call format name, or `harmony` (`mlxserve --help` lists them)",
     )
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     host: str = setting("127.0.0.1", group=SERVER, help="the address to listen on")
     port: int = setting(8080, group=SERVER, help="0 picks a free port")
     allowed_origins: tuple[str, ...] = setting(
-        ("*",), many="comma", group=SERVER, help="comma-separated CORS origins"
+        ("*",),
+        many="comma",
+        group=SERVER,
+        help="comma-separated CORS origins; a browser request (it carries `Origin`) from another origin is a 403",
     )
     # Host header names answered; None: loopback names when bound to loopback, else any
     allowed_hosts: tuple[str, ...] | None = setting(
         None,
         many="comma",
         group=SERVER,
-        help="comma-separated Host header names to answer, or '*' (default: loopback names "
-        "and host.docker.internal when bound to loopback, any name otherwise)",
+        shown_default="loopback names",
+        help="`Host` header names the server answers to (comma-separated, or `*`). Bound to loopback, only `localhost`, `*.localhost`, loopback addresses and `host.docker.internal` (a page's DNS-rebinding name is a 403); bound to anything else, any name",
     )
     read_timeout: float = setting(
         60.0,
         group=SERVER,
-        help="seconds a client may stay silent while sending a request (or idle between "
-        "requests on a kept-alive connection) before it is let go",
+        help="seconds a client may stay silent while sending a request, or idle between requests on a kept-alive connection, before it is let go (a 408 for an unfinished body); also the deadline for a request's whole head, and the least time its body is given",
     )
     max_body_bytes: int = setting(
-        16 * 1024 * 1024, group=SERVER, help="largest request body accepted"
+        16 * 1024 * 1024,
+        group=SERVER,
+        shown_default="16 MiB",
+        help="larger request bodies get 413 without being read",
     )
     api_key: str | None = setting(
         None,
         env="MLXSERVE_API_KEY",
         group=SERVER,
-        help="require this key (also MLXSERVE_API_KEY)",
+        help="require `Authorization: Bearer KEY` or `x-api-key: KEY` on every `/v1` call",
     )
     # signs thinking and seals reasoning and compactions; None: the install's key file
     secret_key: str | None = setting(
         None,
         env="MLXSERVE_SECRET_KEY",
         group=SERVER,
-        help="sign thinking blocks and seal reasoning and compactions with this key (also "
-        "MLXSERVE_SECRET_KEY; the same on servers behind one name); default: a random key "
-        "made once per install in the cache folder",
+        help="the key that signs thinking blocks and seals reasoning and compactions (any text; give every server behind one name the same one); default: a random key made once per install, `secret.key` in the cache folder (`~/.cache/mlxserve`), readable by its owner only",
     )
     keepalive_seconds: float = setting(
-        5.0, group=SERVER, help="send an SSE comment when a stream has been silent this long"
+        5.0,
+        group=SERVER,
+        help="an SSE comment (`: keepalive`) goes out when a stream has been silent this long",
     )
     log_level: str = setting(
         "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), group=SERVER, help="log detail"
     )
     max_concurrent: int = setting(
-        32, parse=positive_int, group=BATCHING, help="most sequences decoding together"
+        32,
+        parse=positive_int,
+        group=BATCHING,
+        help="most sequences decoding together; more wait for a free slot",
     )
     max_queue: int = setting(
         256,
         parse=positive_int,
         group=BATCHING,
-        help="most sequences waiting for a slot; beyond it requests get 503 with Retry-After",
+        help="most sequences waiting beyond those; a request that would exceed it gets 503 with `Retry-After`",
     )
     prefill_chunk: int = setting(
         256,
@@ -278,68 +281,66 @@ class ServerConfig:
         "auto",
         choices=("auto", "on", "off"),
         group=SPECULATION,
-        help="draft tokens from the context (prompt lookup) and verify them in the decode "
-        "step; auto: only where this device verifies a draft for less than it saves",
+        help="`auto`, `on` or `off`: draft tokens from the context (prompt lookup) and verify them in the batch's decode step; `auto` turns it on where this device verifies a draft for less than the steps it saves, measured when the model loads",
     )
     max_draft: int = setting(
         8,
         group=SPECULATION,
-        help="the most tokens drafted per sequence and step (0: no speculation)",
+        help="the most tokens drafted per sequence and step (`0`: no speculation)",
     )
     mtp: str = setting(
         "auto",
         choices=("auto", "on", "off"),
         group=SPECULATION,
-        help="draft with the MTP head a checkpoint carries (Qwen's mtp.*, GLM-4.5+ and "
-        "DeepSeek-V3's layer after the last), --num-draft-tokens per step; auto: only where "
-        "this device verifies the drafts for less than they can save; off: not loaded",
+        help="`auto`, `on` or `off`: draft with the multi-token-prediction head a checkpoint carries (Qwen3.5/3.6 and Qwen3-Next's `mtp.*`, GLM-4.5+ and DeepSeek-V3's layer after the last), verified in the batch's decode step; `auto` where this device verifies the drafts for less than half the steps they can save, measured when the model loads; `off` does not read the head",
     )
-    prompt_cache_size: int = setting(32, group=CACHE, help="prompt prefixes kept in memory")
+    prompt_cache_size: int = setting(
+        32, group=CACHE, help="token prefixes kept in memory for reuse"
+    )
     prompt_cache_bytes: int | None = setting(
         None,
         parse=int,
         group=CACHE,
-        help="byte budget of the prompt prefixes in memory, running requests' caches "
-        "included (least recently used go first)",
+        shown_default="no limit",
+        help="byte budget of the prefixes in memory, running requests' KV caches included; the least recently used go first",
     )
     prompt_cache_dir: Path | None = setting(
         None,
         parse=Path,
         group=CACHE,
-        help="keep evicted prompt prefixes (and all of them at shutdown) in this folder, "
-        "reused after a restart",
+        help="the disk tier: evicted prefixes (and, at shutdown, all of them) are kept here as safetensors and reused, also after a restart",
     )
     prompt_cache_disk_gb: float = setting(
-        10.0, group=CACHE, help="size cap of --prompt-cache-dir (oldest used go first)"
+        10.0,
+        group=CACHE,
+        help="size cap of `--prompt-cache-dir`; the least recently used files go first",
     )
     kv_bits: int | None = setting(
         None,
         parse=int,
         choices=(4, 8),
         group=CACHE,
-        help="quantize the KV caches (running requests, prompt cache, disk tier) to this "
-        "many bits: about 3.6x (4) or 2x (8) less memory per token",
+        help="`4` or `8`: quantize the KV caches (the running batch, the prompt cache and its disk tier) for about 3.6x or 1.9x less memory per token (bfloat16, groups of 64)",
     )
     kv_group_size: int = setting(
         64,
         choices=(32, 64, 128),
         group=CACHE,
-        help="values sharing one scale in the quantized KV cache",
+        help="`32`, `64` or `128`: values sharing one scale and bias in the quantized cache; it must divide the model's head size (a clear error at start-up otherwise)",
     )
     memory_budget_gb: float | None = setting(
         None,
         parse=positive_float,
         group=MEMORY,
-        help="memory for the weights and every KV cache (running requests, then the "
-        "prompt cache); a request that does not fit waits, one that never can is a 400 "
-        "(default: the device's recommended working set)",
+        shown_default="the device's recommended working set (Metal), else MLX's memory limit",
+        help="memory for the weights of every resident model and every KV cache: a request whose KV caches (prompt + `max_tokens`, each of its `n` choices) could never fit beside its model's weights is a 400 `insufficient_memory`; one that does not fit beside the running batches waits; loading a model unloads idle ones, least recently used first, when its weights would not fit; the prompt cache keeps what is left",
     )
     cache_limit_gb: float | None = setting(
         None,
         parse=float,
         group=MEMORY,
-        help="limit of MLX's buffer cache (memory kept for reuse after arrays are freed; "
-        "default: a tenth of the memory budget, or MLX's own limit if lower)",
+        shown_default="a tenth of the memory budget, or MLX's own limit if lower",
+        help="limit of MLX's buffer cache (freed memory kept for reuse); on Apple silicon the model's memory is also wired up to the GPU's recommended working set while a batch runs (as mlx-lm does), and unloading a model frees it and empties the cache",
     )
     # local image files may be read from these (and model_dirs)
     image_dirs: tuple[Path, ...] = setting(
@@ -348,14 +349,14 @@ class ServerConfig:
         many="repeat",
         parse=Path,
         group=MEDIA,
-        help="a folder whose image files requests may name by path (repeatable; "
-        "--model-dir folders are allowed too)",
+        help="a folder whose image files requests may name by path (repeatable); `--model-dir` folders are allowed too, nothing else",
     )
     max_image_bytes: int = setting(
         20 * 1024 * 1024,
         parse=positive_int,
         group=MEDIA,
-        help="largest image a request may send or point to",
+        shown_default="20 MiB",
+        help="largest image a request may send or point to (a 400 beyond it)",
     )
     max_audio_bytes: int = setting(
         25 * 1024 * 1024,  # OpenAI's limit
@@ -367,42 +368,42 @@ class ServerConfig:
         2048 * 2048,
         parse=positive_int,
         group=MEDIA,
-        help="larger images are downscaled to this many pixels (aspect kept)",
+        shown_default="2048x2048",
+        help="larger images are downscaled to this many pixels, aspect kept, before the model's processor sees them",
     )
     image_fetch_timeout: float = setting(
-        10.0, group=MEDIA, help="seconds allowed for fetching an image URL"
+        10.0,
+        group=MEDIA,
+        help="seconds allowed for fetching an image URL, the whole fetch (a server trickling bytes is cut off)",
     )
     allow_local_image_urls: bool = setting(
         False,
         group=MEDIA,
-        help="image URLs may name loopback and private addresses (a local image server); "
-        "link-local and metadata addresses are refused whatever this says",
+        help="image URLs may name loopback and private addresses (an image server on this machine or the LAN); link-local and cloud metadata addresses are refused whatever this says",
     )
     responses_store_size: int = setting(
         1000,
         group=RESPONSES,
-        help="most Responses API responses kept for previous_response_id (0: none)",
+        help="most Responses API responses kept in memory for `previous_response_id`, retrieval and `input_items` (`0`: none); the least recently used go first",
     )
     responses_store_mb: float = setting(
         256.0,
         parse=positive_float,
         group=RESPONSES,
-        help="most megabytes (as JSON) the stored responses take; least recently used go first",
+        help="most megabytes (counted as JSON) the stored responses take",
     )
     distributed: str | None = setting(
         None,
         choices="distributed modes",
         group=DISTRIBUTED,
-        help="under mlx.launch, how the ranks split the model: tensor (every layer split) "
-        "or pipeline (a run of layers each) (default: tensor where the architecture "
-        "supports it)",
+        shown_default="tensor where supported",
+        help="under `mlx.launch`: `tensor` (every layer split across the machines) or `pipeline` (each machine a run of whole layers)",
     )
     distributed_timeout: float = setting(
         30.0,
         parse=positive_float,
         group=DISTRIBUTED,
-        help="seconds without a heartbeat after which a rank has failed: rank 0 answers "
-        "503 and exits",
+        help="under `mlx.launch`: seconds without a heartbeat after which a rank has failed (rank 0 then answers 503 and exits)",
     )
 
     @property

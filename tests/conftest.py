@@ -156,7 +156,7 @@ _STARTED: list[Server] = []  # every server of the session, in order (their logs
 
 def _yield_the_cpu(launcher: int) -> None:
     """mlx.launch (0.32.4) polls its ranks' pipes without waiting, 1.5 cores busy while the
-    ranks idle (README, Several Macs): its threads at the lowest priority from its first
+    ranks idle (docs/distributed.md): its threads at the lowest priority from its first
     line on (before the ranks measure this device), it takes the cores only when nothing
     else wants them (what it does is unchanged). Linux sets a priority per thread; macOS,
     which has no /proc, per process."""

