@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from mlxserve.engine.memory import GB
 from mlxserve.service.chat import ChatService
+from mlxserve.units import format_bytes
 
 HELLO = {"messages": [{"role": "user", "content": "Hello!"}]}
 
@@ -25,10 +25,12 @@ def ready_screen(origin: str, service: ChatService, api_key: bool) -> str:
     for i, (name, spec) in enumerate(provider.served.items()):
         context = provider.context_length(spec)
         parts = [spec.kind, f"{context:,} tokens of context" if context else "context unknown"]
-        parts.append(f"{in_memory.get(spec, 0) / GB:.2f} GB in memory")
+        parts.append(f"{format_bytes(in_memory.get(spec, 0))} in memory")
         lines.append(f"  {'Models' if i == 0 else '':<9} {name}: {', '.join(parts)}")
     budget = worker.memory_budget
-    lines.append(f"  Memory    budget {budget / GB:.2f} GB" if budget else "  Memory    no budget")
+    lines.append(
+        f"  Memory    budget {format_bytes(budget)}" if budget else "  Memory    no budget"
+    )
     auth = ' -H "Authorization: Bearer $MLXSERVE_API_KEY"' if api_key else ""
     host_port = origin.removeprefix("http://")
     lines += [

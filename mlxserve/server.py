@@ -29,7 +29,7 @@ from mlxserve.distributed.world import World, join_world
 from mlxserve.engine.batch import BatchLimits
 from mlxserve.engine.disk_cache import DiskCache
 from mlxserve.engine.lockstep import Lockstep
-from mlxserve.engine.memory import CACHE_LIMIT_SHARE, GB, device_memory
+from mlxserve.engine.memory import CACHE_LIMIT_SHARE, device_memory
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.demo import cache_root
@@ -37,6 +37,7 @@ from mlxserve.models.provider import ModelProvider, resolve_model_path
 from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.metrics import Metrics
+from mlxserve.units import GB, format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ def idle_worker(
     """The generation thread, started, with MLX's buffer cache bounded; no model yet."""
     disk = None
     if config.prompt_cache_dir is not None:
-        disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * 2**30))
+        disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * GB))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
     limits = BatchLimits(
         decode=config.max_concurrent,
@@ -251,7 +252,9 @@ def _bound_buffer_cache(config: ServerConfig, budget: int) -> None:
     else:
         limit = min(int(budget * CACHE_LIMIT_SHARE), mx.set_cache_limit(0))
     mx.set_cache_limit(limit)
-    log.info("Memory budget %.2f GB; MLX buffer cache limit %.2f GB", budget / GB, limit / GB)
+    log.info(
+        "Memory budget %s; MLX buffer cache limit %s", format_bytes(budget), format_bytes(limit)
+    )
 
 
 def run(config: ServerConfig) -> None:

@@ -16,6 +16,8 @@ import pytest
 from conftest import start_server
 from fake_hub import COMMIT, FakeHub, Repo
 
+from mlxserve.units import format_bytes
+
 REPO = "test-org/tiny-chat"
 DOWNLOAD_PIECE = 10 * 1024 * 1024  # what the hub client writes at a time
 
@@ -113,8 +115,8 @@ def test_an_unknown_repo_is_one_sentence(homes, hub):
 def test_ls_lists_it_and_says_what_a_server_serves(homes, pulled, tiny_model):
     alone = mlxserve(homes, "ls", "--url", "http://127.0.0.1:9")
     row = next(line for line in alone.stdout.splitlines() if line.startswith(REPO))
-    megabytes = f"{(pulled / 'model.safetensors').stat().st_size / 1e6:.1f}"
-    assert row.split() == [REPO, "chat", megabytes, "MB", "float32", "-"], row
+    size = format_bytes((pulled / "model.safetensors").stat().st_size).split()
+    assert row.split() == [REPO, "chat", *size, "float32", "-"], row
     assert "(no server answers at http://127.0.0.1:9: SERVED is unknown)" in alone.stdout
     srv = start_server(tiny_model, env=homes)
     try:
@@ -135,7 +137,8 @@ def test_ls_lists_it_and_says_what_a_server_serves(homes, pulled, tiny_model):
             == "loaded"
         )
         assert any(
-            "Loading model from" in line and "chat, 0.03 GB of weights" in line for line in srv.log
+            "Loading model from" in line and f"chat, {' '.join(size)} of weights" in line
+            for line in srv.log
         )
     finally:
         srv.stop()

@@ -111,4 +111,4 @@ def test_prompt_cache_byte_budget(server, launch, tiny_model):
     again = reply(srv, messages, max_tokens=5)
     # No prefix fits in 1000 bytes: nothing is kept, nothing reused.
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert any("buffer cache limit 0.50 GB" in line for line in srv.log)
+    assert any("buffer cache limit 512.0 MB" in line for line in srv.log)

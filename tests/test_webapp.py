@@ -152,6 +152,10 @@ def test_unload_and_reload_from_the_models_page(page, app, vision_model):
     row.locator("button[data-action=unpin]").click()
     expect(row.locator(".pinned")).to_have_text("no")
     expect(page.locator("#memory-legend")).to_contain_text("weights")
+    # the same figure as the start-up screen's (one byte formatter, a GB of 2**30 bytes)
+    screen = next(line for line in app.log if line.startswith("  Memory    budget "))
+    budget = screen.removeprefix("  Memory    budget ").strip()
+    expect(page.locator("#memory-legend")).to_contain_text(f"budget {budget}")
 
 
 def test_the_status_page_lists_recent_requests(page, app, tiny_model):

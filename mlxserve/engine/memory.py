@@ -16,7 +16,6 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-GB = 2**30
 # MLX's buffer cache (freed buffers kept for reuse) is bounded by default to this share of
 # the memory budget: enough for a decode step's buffers, not a second copy of the batch.
 CACHE_LIMIT_SHARE = 0.1

@@ -29,7 +29,6 @@ from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.loading import BackgroundLoads
 from mlxserve.engine.lockstep import Lockstep, LoopStep
-from mlxserve.engine.memory import GB
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.speculative import SpeculationCounts
@@ -44,6 +43,7 @@ from mlxserve.protocol.errors import (
     internal_error,
     unavailable,
 )
+from mlxserve.units import format_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,9 +148,9 @@ class GenerationWorker:
         need = session.footprint.batch([prompt_tokens + max_tokens] * sequences)
         if need > room:
             raise bad_request(
-                f"This request needs {need / GB:.2f} GB of KV cache ({sequences} x "
+                f"This request needs {format_bytes(need)} of KV cache ({sequences} x "
                 f"({prompt_tokens} prompt + {max_tokens} max_tokens) tokens), more than the "
-                f"{room / GB:.2f} GB the memory budget leaves after the weights.",
+                f"{format_bytes(room)} the memory budget leaves after the weights.",
                 param=param,
                 code="insufficient_memory",
             )
@@ -552,8 +552,8 @@ class GenerationWorker:
 
     def _too_large(self, name: str, weight_bytes: int) -> ServiceError:
         return bad_request(
-            f"The memory budget ({(self._memory_budget or 0) / GB:.2f} GB) does not hold the "
-            f"weights of {name} ({weight_bytes / GB:.2f} GB); raise --memory-budget-gb, or "
+            f"The memory budget ({format_bytes(self._memory_budget or 0)}) does not hold the "
+            f"weights of {name} ({format_bytes(weight_bytes)}); raise --memory-budget-gb, or "
             "serve a smaller or quantized model (`mlxserve pull REPO --quantize 4`)."
         )
 
@@ -573,15 +573,15 @@ class GenerationWorker:
                 self._unload(loaded.spec)
         if self._weight_bytes() + need > budget:
             resident = ", ".join(
-                f"{self._provider.name(m.spec)} ({m.nbytes / GB:.2f} GB"
+                f"{self._provider.name(m.spec)} ({format_bytes(m.nbytes)}"
                 f"{', busy' if self._busy(m.spec) else ''}"
                 f"{', pinned' if self._provider.pinned(m.spec) else ''})"
                 for m in self._provider.resident
             )
             raise ServiceError(
                 ErrorKind.UNAVAILABLE,
-                f"{spec.path.name} ({need / GB:.2f} GB) does not fit the memory budget "
-                f"({budget / GB:.2f} GB) beside the resident models: {resident}. Retry "
+                f"{spec.path.name} ({format_bytes(need)}) does not fit the memory budget "
+                f"({format_bytes(budget)}) beside the resident models: {resident}. Retry "
                 "when they are idle, or unload one.",
                 param="model",
                 code="insufficient_memory",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mlxserve.models.capabilities import is_text_model, model_kind
 from mlxserve.models.provider import cached_hub_models, converted_root
+from mlxserve.units import format_bytes
 
 # What MLX serving reads from a repo: weights, configs, tokenizers, chat templates, code
 # for trust_remote_code, a speech model's voices (KittenTTS's voices.npz). PyTorch and
@@ -133,7 +134,7 @@ def listing(url: str) -> int:
         if served is not None:
             names = (model.name, str(model.path))
             state = "loaded" if any(served.get(n) == "loaded" for n in names) else "no"
-        size = megabytes(model.size)
+        size = format_bytes(model.size)
         rows.append((model.name, model.kind, size, model.quantization, state))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -153,7 +154,7 @@ def remove(name: str) -> int:
             shutil.rmtree(model.path)
         else:
             freed = remove_cached_repo(name)
-        print(f"Removed {name} ({megabytes(freed)} freed)")
+        print(f"Removed {name} ({format_bytes(freed)} freed)")
         return 0
     return fail(f"{name} is not among your models (mlxserve ls lists them).")
 
@@ -169,10 +170,6 @@ def remove_cached_repo(repo_id: str) -> int:
             freed += repo.size_on_disk
             shutil.rmtree(repo.repo_path)
     return freed
-
-
-def megabytes(size: int) -> str:
-    return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
 
 
 def fail(message: str) -> int:

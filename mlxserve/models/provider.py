@@ -38,13 +38,14 @@ from mlxserve.mtp.eagle3 import Eagle3Drafter, drafter_kind
 from mlxserve.mtp.load import load_head
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found
 from mlxserve.rerank.model import load_reranker
+from mlxserve.units import GB, format_bytes
 
 log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _TOKENIZER_SLOTS = 4
 AUDIO_KINDS = ("transcription", "speech")  # no text tokenizer: their models bring their own
-PROGRESS_BYTES = 1_000_000_000  # a load this large logs its progress,
+PROGRESS_BYTES = GB  # a load this large logs its progress,
 PROGRESS_STEPS = 4  # a quarter at a time
 
 
@@ -371,10 +372,10 @@ class ModelProvider:
         import mlx.core as mx
 
         log.info(
-            "Loading model from %s (%s, %.2f GB of weights)",
+            "Loading model from %s (%s, %s of weights)",
             spec.path,
             spec.kind,
-            stored_bytes(spec) / 1e9,
+            format_bytes(stored_bytes(spec)),
         )
         start = time.perf_counter()
         try:
@@ -386,11 +387,11 @@ class ModelProvider:
             raise _load_error(spec, e) from e
         loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft, head), head)
         log.info(
-            "Loaded %s in %.1fs (peak memory %.2f GB, active %.2f GB)",
+            "Loaded %s in %.1fs (peak memory %s, active %s)",
             spec.path,
             time.perf_counter() - start,
-            mx.get_peak_memory() / 1e9,
-            mx.get_active_memory() / 1e9,
+            format_bytes(mx.get_peak_memory()),
+            format_bytes(mx.get_active_memory()),
         )
         mx.reset_peak_memory()
         return loaded
@@ -489,7 +490,7 @@ def read_weights(model: Any, name: str) -> None:
             done += group_bytes
             group, group_bytes = [], 0
             if total >= PROGRESS_BYTES and done < total:
-                log.info("Loading %s: %d%% of %.2f GB", name, 100 * done // total, total / 1e9)
+                log.info("Loading %s: %d%% of %s", name, 100 * done // total, format_bytes(total))
 
 
 def _weight_bytes(*models: Any) -> int:

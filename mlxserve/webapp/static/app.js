@@ -71,11 +71,13 @@ async function* serverSentData(response) {
   }
 }
 
+// mlxserve/units.py's format_bytes: a GB is 2**30 bytes (the unit of the --*-gb flags), so
+// the Models page and the start-up screen show the same figure for the same memory.
 function formatBytes(bytes) {
   if (bytes === null || bytes === undefined) return "—";
-  if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(2)} GB`;
-  if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
-  return `${(bytes / 1e3).toFixed(0)} kB`;
+  if (bytes >= 2 ** 30) return `${(bytes / 2 ** 30).toFixed(2)} GB`;
+  if (bytes >= 2 ** 20) return `${(bytes / 2 ** 20).toFixed(1)} MB`;
+  return `${(bytes / 2 ** 10).toFixed(0)} kB`;
 }
 
 const seconds = (value) => (value === null || value === undefined ? "—" : `${value.toFixed(2)} s`);
