@@ -32,6 +32,7 @@ from mlxserve.engine.lockstep import Lockstep
 from mlxserve.engine.memory import CACHE_LIMIT_SHARE, device_memory
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
+from mlxserve.kinds import register_all
 from mlxserve.models.demo import cache_root
 from mlxserve.models.provider import ModelProvider, resolve_model_path
 from mlxserve.protocol.errors import ServiceError
@@ -117,6 +118,7 @@ def check_port(config: ServerConfig) -> None:
 def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
     """Resolve and load the served model on the generation thread, then bind the socket.
     `world`: the ranks of a distributed server, this one rank 0."""
+    register_all()
     secret.install(config.secret_key, cache_root())
     check_port(config)
     paths, budget = _models_and_budget(config)
@@ -210,6 +212,7 @@ def load_served(worker: GenerationWorker, provider: ModelProvider) -> None:
 def follow(config: ServerConfig, world: World) -> None:
     """A rank other than 0: load this rank's share of the model and replay rank 0's
     generation loop until rank 0 stops (exit 0) or is gone (exit 1). Never returns."""
+    register_all()
     paths, budget = _models_and_budget(config)
     cluster = Cluster(world, config, paths, budget)
     assert cluster.link is not None

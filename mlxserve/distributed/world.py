@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from mlxserve.engine.values import as_float, as_int
+from mlxserve.values import as_float, as_int
 
 MODES = ("tensor", "pipeline")
 

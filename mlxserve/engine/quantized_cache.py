@@ -19,7 +19,7 @@ from mlx.utils import tree_map
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, dynamic_roll
 
-from mlxserve.engine.values import ints
+from mlxserve.values import ints
 
 Triple = tuple[mx.array, mx.array, mx.array]  # packed data, scales, biases
 

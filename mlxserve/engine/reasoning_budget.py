@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxserve.engine.values import as_int
+from mlxserve.values import as_int
 
 
 @dataclass(frozen=True)

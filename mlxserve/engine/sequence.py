@@ -10,7 +10,7 @@ import mlx.core as mx
 from mlxserve.engine.jobs import FinishEvent, GenerationJob, TokenEvent
 from mlxserve.engine.prompt_cache import CacheHit
 from mlxserve.engine.stops import StopMatcher
-from mlxserve.engine.values import as_float, floats, ints
+from mlxserve.values import as_float, floats, ints
 
 
 class SequenceOutput:

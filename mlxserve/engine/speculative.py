@@ -37,8 +37,8 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
-from mlxserve.engine.values import int_rows
 from mlxserve.engine.vision_rows import RopeDeltas
+from mlxserve.values import int_rows
 
 NGRAM_SIZES = (4, 3, 2)  # the context's last n tokens looked up, longest first
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known

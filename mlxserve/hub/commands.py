@@ -14,7 +14,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxserve.models.capabilities import is_text_model, model_kind
+from mlxserve.kinds import register_all
+from mlxserve.models.capabilities import is_text_model
+from mlxserve.models.kinds import KINDS
 from mlxserve.models.provider import cached_hub_models, converted_root
 from mlxserve.units import format_bytes
 
@@ -44,8 +46,8 @@ class LocalModel:
     @property
     def kind(self) -> str:
         """As /v1/models says it; "other" for a folder no library here loads."""
-        kind = model_kind(self.path)
-        return kind if kind != "chat" or is_text_model(self.path) else "other"
+        kind = KINDS.of(self.path)
+        return kind.name if kind is not KINDS.fallback or is_text_model(self.path) else "other"
 
     @property
     def size(self) -> int:
@@ -201,6 +203,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    register_all()
     if args.command == "pull":
         return pull(args.repo, args.revision, args.quantize, args.output)
     if args.command == "ls":

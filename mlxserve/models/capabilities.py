@@ -133,21 +133,3 @@ def is_speech_model(path: Path) -> bool:
         and has_module("mlx_audio.tts.models", model_type)
         and not is_text_model(path)
     )
-
-
-@lru_cache(maxsize=64)
-def model_kind(path: Path) -> str:
-    """What a model folder serves: chat, vision, embedding, rerank, transcription or
-    speech."""
-    if is_embedding_model(path):
-        return "embedding"
-    if is_cross_encoder(path) or is_decoder_reranker(path):
-        return "rerank"
-    if is_transcription_model(path):
-        return "transcription"
-    if is_speech_model(path):
-        return "speech"
-    return "vision" if is_vision_model(path) else "chat"
-
-
-GENERATIVE_KINDS = ("chat", "vision")  # the kinds served by the generation loop's sessions

@@ -18,33 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from mlxserve.audio.speech import Synthesizer
-from mlxserve.audio.transcription import Transcriber
 from mlxserve.config import ModelSettings, ServerConfig
-from mlxserve.models.capabilities import (
-    GENERATIVE_KINDS,
-    is_embedding_model,
-    is_text_model,
-    is_vision_model,
-    loads_as_text,
-    model_kind,
-    trained_context,
-)
+from mlxserve.models.capabilities import is_text_model, loads_as_text, trained_context
 from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
-from mlxserve.models.embedding import load_embedding_model
+from mlxserve.models.kinds import KINDS, LoadRequest, ModelKind
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
 from mlxserve.mtp.eagle3 import Eagle3Drafter, drafter_kind
 from mlxserve.mtp.load import load_head
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found
-from mlxserve.rerank.model import load_reranker
 from mlxserve.units import GB, format_bytes
 
 log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _TOKENIZER_SLOTS = 4
-AUDIO_KINDS = ("transcription", "speech")  # no text tokenizer: their models bring their own
 PROGRESS_BYTES = GB  # a load this large logs its progress,
 PROGRESS_STEPS = 4  # a quarter at a time
 
@@ -65,26 +53,27 @@ class ModelSpec:
         )
 
     @property
-    def vision(self) -> bool:
-        """Takes images: served by mlx-vlm instead of mlx-lm."""
-        return is_vision_model(self.path) and not self.as_text
-
-    @property
-    def embedding(self) -> bool:
-        """Computes embeddings, and only that (a sentence-transformers folder)."""
-        return is_embedding_model(self.path)
+    def model_kind(self) -> ModelKind:
+        """What the folder serves (models/kinds.py): a vision checkpoint served as text is
+        a chat model."""
+        kind = KINDS.of(self.path)
+        return KINDS.named("chat") if kind.images and self.as_text else kind
 
     @property
     def kind(self) -> str:
-        """chat, vision, embedding, rerank, transcription or speech (see model_kind)."""
-        kind = model_kind(self.path)
-        return "chat" if kind == "vision" and self.as_text else kind
+        """chat, vision, embedding, rerank, transcription, speech: a registered kind."""
+        return self.model_kind.name
+
+    @property
+    def vision(self) -> bool:
+        """Takes images: served by mlx-vlm instead of mlx-lm."""
+        return self.model_kind.images
 
     @property
     def generative(self) -> bool:
         """Served by the generation loop's sessions (text out, a token at a time); the
         other kinds run as calls between the loop's steps."""
-        return self.kind in GENERATIVE_KINDS
+        return self.model_kind.generative
 
 
 @dataclass
@@ -380,7 +369,7 @@ class ModelProvider:
         start = time.perf_counter()
         try:
             model, draft, head = self._load_weights(spec)
-            tokenizer = self.tokenizer(spec) if spec.kind not in AUDIO_KINDS else None
+            tokenizer = self.tokenizer(spec) if spec.model_kind.tokenizer else None
         except ServiceError:
             raise
         except Exception as e:
@@ -409,15 +398,10 @@ class ModelProvider:
         from mlx_lm.utils import load_adapters, load_model
 
         trust = self.config.trust_remote_code
-        if spec.embedding:
-            pad_id = self.tokenizer(spec).pad_token_id or 0
-            return load_embedding_model(spec.path, pad_id, trust), None, None
-        if spec.kind == "rerank":
-            return load_reranker(spec.path, self.tokenizer(spec), trust), None, None
-        if spec.kind == "transcription":
-            return Transcriber.load(spec.path), None, None
-        if spec.kind == "speech":
-            return Synthesizer.load(spec.path), None, None
+        kind = spec.model_kind
+        if kind.load is not None:
+            tokenizer = self.tokenizer(spec) if kind.tokenizer else None
+            return kind.load(LoadRequest(spec.path, tokenizer, trust)), None, None
         if spec.vision:
             if spec.draft_path is not None and drafter_kind(spec.draft_path) is not None:
                 raise bad_request(
@@ -434,13 +418,13 @@ class ModelProvider:
         if spec.adapter_path:
             model = load_adapters(model, spec.adapter_path)
             model.eval()
-        kind = drafter_kind(spec.draft_path) if spec.draft_path is not None else None
-        if spec.draft_path is not None and kind == "eagle3":
+        drafter = drafter_kind(spec.draft_path) if spec.draft_path is not None else None
+        if spec.draft_path is not None and drafter == "eagle3":
             log.info("Read an EAGLE-3 drafter from %s", spec.draft_path.name)
             return model, None, Eagle3Drafter.load(spec.draft_path, model)
-        if spec.draft_path is not None and kind is not None:
+        if spec.draft_path is not None and drafter is not None:
             raise bad_request(
-                f"{spec.draft_path.name} is a {kind} drafter, which mlxserve does not serve: "
+                f"{spec.draft_path.name} is a {drafter} drafter, which mlxserve does not serve: "
                 "give --draft-model an EAGLE-3 drafter or a small language model (a "
                 "checkpoint's own MTP head is read from the model itself, see --mtp)."
             )
@@ -540,9 +524,4 @@ def cached_hub_models() -> list[tuple[str, Path]]:
 
 
 def _loadable(path: Path) -> bool:
-    return (
-        is_text_model(path)
-        or is_vision_model(path)
-        or is_embedding_model(path)
-        or model_kind(path) != "chat"
-    )
+    return is_text_model(path) or KINDS.of(path) is not KINDS.fallback

@@ -36,19 +36,11 @@ from mlxserve.protocol.request import (
 )
 from mlxserve.service.checkpoints import SystemEnds
 from mlxserve.service.embeddings import Embeddings, embed, shortened, tokenized
+from mlxserve.service.grammars import chat_grammar, completion_grammar
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
-from mlxserve.structured.requests import chat_grammar, completion_grammar
 from mlxserve.telemetry.record import current_request
-
-# Where a model that does not generate text is served, for the error that says so
-ENDPOINT_OF_KIND = {
-    "embedding": "/v1/embeddings",
-    "rerank": "/v1/rerank",
-    "transcription": "/v1/audio/transcriptions",
-    "speech": "/v1/audio/speech",
-}
 
 
 @dataclass(frozen=True)
@@ -308,7 +300,7 @@ class ChatService:
         if not spec.generative:
             raise bad_request(
                 f"The model '{requested}' is a {spec.kind} model; send it to "
-                f"{ENDPOINT_OF_KIND[spec.kind]}.",
+                f"{spec.model_kind.endpoint}.",
                 param="model",
                 code="model_not_generative",
             )

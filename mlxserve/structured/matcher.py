@@ -20,9 +20,9 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from mlxserve.compat import hf_tokenizer
-from mlxserve.engine.values import as_int
 from mlxserve.structured.numbers import NumberBounds, NumberTable
 from mlxserve.structured.token_table import VocabularyTable
+from mlxserve.values import as_int
 
 log = logging.getLogger(__name__)
 
