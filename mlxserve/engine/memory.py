@@ -87,16 +87,3 @@ def device_memory() -> int:
     else MLX's memory limit (a share of RAM on the CPU backend)."""
     info = mx.device_info()
     return int(info.get("max_recommended_working_set_size") or mx.get_memory_limit())
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """What the loaded model's weights leave for KV caches (running requests first, the
-    prompt cache in what remains)."""
-
-    total: int
-    weights: int
-
-    @property
-    def for_kv(self) -> int:
-        return max(0, self.total - self.weights)

@@ -9,6 +9,7 @@ import logging
 from collections import deque
 
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
+from mlxserve.engine.memory import KVFootprint
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.single import SingleRun, generate_single
@@ -21,7 +22,12 @@ log = logging.getLogger(__name__)
 
 
 class StreamSession:
+    """A `session.Session`."""
+
     speculation: SpeculationCounts | None = None  # a draft model's are mlx-lm's own
+    footprint: KVFootprint | None = None  # not measured: one sequence at a time
+    checkpoints = False  # its runs leave no checkpoints (see BatchSession)
+    trace = 0  # never in lockstep
 
     def __init__(
         self, loaded: LoadedModel, cache: PromptCache, prefill_chunk: int, draft_tokens: int
@@ -37,6 +43,10 @@ class StreamSession:
     @property
     def spec(self) -> ModelSpec:
         return self._loaded.spec
+
+    @property
+    def weight_bytes(self) -> int:
+        return self._loaded.nbytes
 
     def __len__(self) -> int:
         return len(self._queue) + (self._run is not None)
@@ -56,6 +66,9 @@ class StreamSession:
         return True  # they wait in line here
 
     def reserved_bytes(self) -> int:
+        return 0  # not measured: one sequence at a time
+
+    def live_bytes(self) -> int:
         return 0  # not measured: one sequence at a time
 
     def admit(self, job: GenerationJob) -> None:

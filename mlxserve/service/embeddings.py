@@ -11,6 +11,7 @@ import numpy as np
 
 from mlxserve.chat.templates import check_token_ids
 from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.embedding import EmbeddingModel, PartialEmbedding
 from mlxserve.models.provider import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import EmbeddingRequest
@@ -65,22 +66,47 @@ def embed(
     def piece(fn):
         return shared_call(worker, fn, client_gone)
 
-    in_parts = worker.call(partial(worker.embeds_in_parts, spec))
+    in_parts = worker.call(partial(worker.run_with, spec, _takes_parts))
     long = {i for i, ids in enumerate(inputs) if in_parts and len(ids) > chunk}
     short = [i for i in range(len(inputs)) if i not in long]
     vectors: list[np.ndarray] = [np.empty(0)] * len(inputs)  # each filled below
     for batch in batches([inputs[i] for i in short], chunk, EMBED_BATCH):
-        computed = piece(partial(worker.embed, spec, [inputs[short[j]] for j in batch]))
+        batched = [inputs[short[j]] for j in batch]
+        computed = piece(partial(worker.run_with, spec, partial(_embed, batched)))
         for row, j in enumerate(batch):
             vectors[short[j]] = computed[row]
     for i in sorted(long):
         part = None
         for start in range(0, len(inputs[i]), chunk):
             last = start + chunk >= len(inputs[i])
-            part = piece(partial(worker.embed_part, spec, part, inputs[i][start:][:chunk], last))
+            ids = inputs[i][start:][:chunk]
+            part = piece(partial(worker.run_with, spec, partial(_embed_part, part, ids, last)))
         assert part is not None  # a long input has parts
         vectors[i] = part.vector
     return np.stack(vectors)
+
+
+# What runs on the generation thread, given the resident embedding model (models/embedding.py).
+
+
+def _takes_parts(model: EmbeddingModel) -> bool:
+    """Whether the model takes one input a part at a time."""
+    return bool(model.in_parts)
+
+
+def _embed(inputs: list[list[int]], model: EmbeddingModel) -> np.ndarray:
+    """One batch of inputs in one forward pass, float32."""
+    return np.array(model.embed(inputs))
+
+
+def _embed_part(
+    part: PartialEmbedding | None, ids: list[int], last: bool, model: EmbeddingModel
+) -> PartialEmbedding:
+    """The next part of one long input; after the last, the part holds its vector."""
+    part = model.embed_part(part, ids)
+    if last:
+        part.vector = np.array(model.finish(part))[0]
+    return part
 
 
 def batches(inputs: list[list[int]], tokens: int, most: int) -> list[list[int]]:
