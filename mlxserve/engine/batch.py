@@ -28,6 +28,11 @@ from mlxserve.engine.quantized_cache import KVQuantization
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
+from mlxserve.engine.speculation_plan import (
+    SpeculationFeatures,
+    SpeculationPlan,
+    plan_speculation,
+)
 from mlxserve.engine.speculative import (
     SpeculationCounts,
     can_roll_back,
@@ -152,7 +157,9 @@ class BatchSession:
         self._draft_tokens = draft_tokens
         self._cache = cache
         self._limits = limits
-        self._head = self._head_drafter()  # drafting from the model's hidden states
+        self._plan = self._plan_speculation()
+        # drafting from the model's hidden states
+        self._head: Any = loaded.head if self._plan.head else None
         self._capture = (
             HiddenCapture(loaded.model, self._head.reads) if self._head is not None else None
         )
@@ -168,7 +175,6 @@ class BatchSession:
         )
         try:
             fresh = self._fresh()
-            rolls_back = can_roll_back(fresh[: self._layers])  # before quantizing them
             # Caches that cannot always be trimmed back (a hybrid model's recurrent state,
             # a sliding window once wrapped) are reusable only from an exact prefix.
             # (A pipeline rank holds some of the layers: every rank takes the model's answer.)
@@ -193,83 +199,51 @@ class BatchSession:
             prefill_batch_size=limits.decode,  # the scheduler decides what joins together
             prefill_step_size=limits.prefill_chunk,
         )
-        self.speculation = self._speculate() if rolls_back else None
-        if not rolls_back and limits.speculation != "off":
-            log.info(
-                "Speculation off for %s: its caches cannot drop rejected drafts",
-                self.spec.path.name,
-            )
+        self.speculation = self._speculate()
         self._sequences: dict[int, _Sequence] = {}
         self._admitted: list[_Admitted] = []
         # A hash of every (sequence, token) generated, in order: kept where ranks run in
         # lockstep (rank 0's is checked against the others' every step), else 0.
         self.trace = 0
 
+    def _plan_speculation(self) -> SpeculationPlan:
+        """What drafts this batch verifies (speculation_plan.py's table)."""
+        loaded, limits, head = self._loaded, self._limits, self._loaded.head
+        features = SpeculationFeatures(
+            name=self.spec.path.name,
+            draft_model=loaded.draft_model is not None,
+            head=head.name if head is not None else None,
+            head_asked=head is not None and head.reads is not None,  # an EAGLE-3 drafter
+            rolls_back=can_roll_back(make_prompt_cache(self._model)),
+            head_splits=head is not None and splits_exactly(loaded.model),
+            kv_quantized=bool(limits.kv_bits),
+            lockstep=self._traced,
+            draft_tokens=self._draft_tokens,
+            mtp=limits.mtp,
+            lookup=limits.speculation,
+            max_draft=limits.max_draft,
+        )
+        return plan_speculation(features, self._pays)
+
     def _speculate(self) -> SpeculationCounts | None:
-        """Drafts verified in the decode step: a draft model's, the MTP head's, and
-        prompt-lookup drafts when asked for (or, with "auto", when verifying a draft costs
-        this device less than half the steps it can save)."""
-        draft_model = self._loaded.draft_model
-        if draft_model is not None:  # asked for by name: its drafts, whatever the device
+        """Start verifying the planned drafts in the decode step."""
+        plan, draft_model = self._plan, self._loaded.draft_model
+        if plan.draft_model and draft_model is not None:
             return speculate_in(self._generator, self._draft_tokens, draft_model)
-        lookup = self._lookup_pays()
         if self._head is not None:
-            max_draft = self._limits.max_draft if lookup else 0
+            max_draft = self._limits.max_draft if plan.lookup else 0
             return draft_with_head(self._generator, self._head, self._draft_tokens, max_draft)
-        return speculate_in(self._generator, self._limits.max_draft) if lookup else None
+        return speculate_in(self._generator, self._limits.max_draft) if plan.lookup else None
 
-    def _lookup_pays(self) -> bool:
-        mode, width = self._limits.speculation, self._limits.max_draft + 1
-        if mode == "off" or self._limits.max_draft <= 0:
-            return False
-        if mode == "auto" and not self._pays(width, None):
-            log.info("Prompt-lookup speculation off for %s: it cannot pay", self.spec.path.name)
-            return False
-        return True
-
-    def _pays(self, width: int, head: Any) -> bool:
-        """Whether verifying `width` tokens (drafted by `head`, if given) costs this device
-        at most half the steps it can save."""
+    def _pays(self, width: int, with_head: bool) -> bool:
+        """Whether verifying `width` tokens (drafted by the head, if `with_head`) costs
+        this device at most half the steps it can save."""
+        head = self._loaded.head if with_head else None
         cost = self._worst(verify_cost(self._model, width, head))
         log.info(
             "Drafting and verifying %d tokens costs %.1f steps of one on this device", width, cost
         )
         return cost <= width / 2
-
-    def _head_drafter(self) -> Any:
-        """The drafter that reads the model's hidden states (an EAGLE-3 --draft-model, or
-        the model's MTP head where --mtp lets it draft, with "auto" where it pays), beside
-        caches that can drop rejected drafts, a KV cache at full precision, and one
-        machine."""
-        head, name = self._loaded.head, self.spec.path.name
-        # An EAGLE-3 drafter was asked for by name: it drafts whatever --mtp says.
-        mode = "on" if head is not None and head.reads is not None else self._limits.mtp
-        if head is None or mode == "off":
-            return None
-        why = (
-            "--num-draft-tokens is 0"
-            if self._draft_tokens <= 0
-            else "ranks run in lockstep"
-            if self._traced
-            else "a draft model drafts instead"
-            if self._loaded.draft_model is not None
-            else "the KV cache is quantized"
-            if self._limits.kv_bits
-            else "its caches cannot drop rejected drafts"
-            if not can_roll_back(make_prompt_cache(self._model))
-            else "its logits are more than its output head over its last hidden state"
-            if not splits_exactly(self._loaded.model)
-            else "drafting cannot pay on this device"
-            if mode == "auto" and not self._pays(self._draft_tokens + 1, head)
-            else None
-        )
-        if why is not None:
-            log.info("Drafting with its %s off for %s: %s", head.name, name, why)
-            return None
-        log.info(
-            "Drafting with its %s for %s: %d tokens per step", head.name, name, self._draft_tokens
-        )
-        return head
 
     @property
     def spec(self):
