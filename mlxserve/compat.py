@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-# The state of mlx-lm's GenerationBatch that the speculative batch reads and writes
-# (engine/speculative.py): the next tokens and their logprobs, started before the current
-# ones return; the tokens generated, the stop matchers and the processors' contexts.
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+
+# The state of mlx-lm's GenerationBatch that the speculative batches read and write, only
+# through GenerationBatchAdapter below: the next tokens and their logprobs, started before
+# the current ones return; the tokens generated, the stop matchers, the processors'
+# contexts, and the decode step its `next` calls.
 GENERATION_BATCH_STATE = (
     "_next_tokens",
     "_next_logprobs",
@@ -93,3 +97,53 @@ def compile_chat_template(template: str) -> None:
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
     _compile_jinja_template(template)
+
+
+class GenerationBatchAdapter(GenerationBatch):
+    """mlx-lm's GenerationBatch, its private state given typed public names: the only code
+    that reads or writes that state (engine/speculative.py and engine/head_drafts.py build
+    on this). A subclass, not a wrapper: mlx-lm's BatchGenerator builds, extends and
+    filters the batch it holds and calls its `next`, so a decode step of ours must be that
+    object (see install_generation_batch)."""
+
+    _current_tokens: Any  # mlx-lm starts them as None
+    _current_logprobs: Any
+
+    @property
+    def next_tokens(self) -> mx.array:
+        """Each row's next token, its computation started before the current ones return."""
+        return self._next_tokens
+
+    @property
+    def next_logprobs(self) -> list[mx.array]:
+        return self._next_logprobs
+
+    def advance(self, tokens: mx.array, logprobs: list[mx.array]) -> None:
+        """The next tokens become the current ones, and `tokens` (with their `logprobs`)
+        the next: what mlx-lm's own step leaves behind."""
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        self._next_tokens = tokens
+        self._next_logprobs = logprobs
+
+    @property
+    def generated(self) -> list[int]:
+        """How many tokens each row has generated (its token limit counts these)."""
+        return self._num_tokens
+
+    def stops_at(self, row: int, token: int) -> bool:
+        """Feed a row's stop matcher `token`: whether the row ends there."""
+        return bool(self._matchers[row].advance(token))
+
+    def token_context(self, row: int) -> Any:
+        """The tokens a row's logits processors see (updated as mlx-lm's step does)."""
+        return self._token_context[row]
+
+    def _step(self) -> Any:
+        """mlx-lm's decode step, which its `next` calls: routed to `decode_step`, a public
+        name subclasses override."""
+        return self.decode_step()
+
+    def decode_step(self) -> Any:
+        """mlx-lm's own decode step, unchanged (override to work around it; call super)."""
+        return GenerationBatch._step(self)

@@ -70,7 +70,7 @@ class HeadDraftBatch(SpeculativeBatch):
         if not self.uids:
             return []
         rooms = [
-            limit - done - 1 for limit, done in zip(self.max_tokens, self._num_tokens, strict=True)
+            limit - done - 1 for limit, done in zip(self.max_tokens, self.generated, strict=True)
         ]
         drafting = [
             per_position(p) and room > 0
@@ -86,7 +86,7 @@ class HeadDraftBatch(SpeculativeBatch):
         ]
         longest = max(lengths)
         table = [p[1:] + [0] * (longest - len(p) + 1) if p else [0] * longest for p in lookups]
-        drafted = mx.array(table, dtype=self._next_tokens.dtype)
+        drafted = mx.array(table, dtype=self.next_tokens.dtype)
         chain = self.draft_tokens if len(self._from_lookup) < sum(drafting) else 0
         if chain:
             guesses = self._draft(chain)
@@ -101,20 +101,20 @@ class HeadDraftBatch(SpeculativeBatch):
     def _draft(self, count: int) -> mx.array:
         """`count` tokens per row, each the head's greedy guess after the one before
         (B x count); the head's cache takes `count` entries."""
-        tokens = self._next_tokens[:, None]
+        tokens = self.next_tokens[:, None]
         hidden = self._hidden
         guesses = []
         for _ in range(count):
             logits, hidden = self.head(tokens, hidden, self._drafter_caches)
-            tokens = self.head.guess(logits[:, -1:, :]).astype(self._next_tokens.dtype)
+            tokens = self.head.guess(logits[:, -1:, :]).astype(self.next_tokens.dtype)
             guesses.append(tokens)
         return mx.concatenate(guesses, axis=1)
 
-    def _step(self):
+    def decode_step(self):
         """mlx-lm's step (no row drafts): the head first takes the entry for the model's
         last hidden state and the token this step feeds it."""
-        self.head(self._next_tokens[:, None], self._hidden, self._drafter_caches)
-        result = super()._step()
+        self.head(self.next_tokens[:, None], self._hidden, self._drafter_caches)
+        result = super().decode_step()
         self._hidden = self.model.hidden[:, -1:, :]
         mx.async_eval(self._hidden, [c.state for c in self._drafter_caches])
         return result

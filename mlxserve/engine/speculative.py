@@ -36,7 +36,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
-from mlxserve.compat import install_generation_batch
+from mlxserve.compat import GenerationBatchAdapter, install_generation_batch
 from mlxserve.engine.vision_rows import RopeDeltas
 from mlxserve.values import int_rows
 
@@ -110,14 +110,13 @@ class NgramDrafter:
         self._indexed = max(self._indexed, len(context))
 
 
-class SpeculativeBatch(GenerationBatch):
+class SpeculativeBatch(GenerationBatchAdapter):
     """mlx-lm's generation batch with prompt-lookup drafts verified in its decode step.
 
     A step with no draft anywhere is mlx-lm's own step, unchanged."""
 
     # As mlx-lm's batch holds them once built (its annotations allow None).
     logits_processors: list[list[Callable]]
-    _current_tokens: Any  # mlx-lm starts it as None
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -135,7 +134,7 @@ class SpeculativeBatch(GenerationBatch):
         drafts = [p[1:] for p in predictions]
         width = 1 + max(len(d) for d in drafts)
         padded = [d + [0] * (width - 1 - len(d)) for d in drafts]
-        drafted = mx.array(padded, dtype=self._next_tokens.dtype)
+        drafted = mx.array(padded, dtype=self.next_tokens.dtype)
         expected = [p[0] if p else None for p in predictions]
         return self._verify(drafted, [len(d) for d in drafts], expected)
 
@@ -152,7 +151,7 @@ class SpeculativeBatch(GenerationBatch):
         for i, uid in enumerate(self.uids):
             drafter = drafters.get(uid) or NgramDrafter(self.max_draft)
             self._drafters[uid] = drafter
-            room = self.max_tokens[i] - self._num_tokens[i] - 1  # the next token counts one
+            room = self.max_tokens[i] - self.generated[i] - 1  # the next token counts one
             if not per_position(self.logits_processors[i]) or room <= 0:
                 predictions.append([])
             else:
@@ -171,13 +170,13 @@ class SpeculativeBatch(GenerationBatch):
         """One pass over each row's next token and its draft (`drafted`: B x longest draft,
         row i's first `lengths[i]` count); each row keeps what its sampler agrees with, and
         nothing drafted where `expected[i]` (if given) is not its next token."""
-        inputs = mx.concatenate([self._next_tokens[:, None], drafted], axis=1)
+        inputs = mx.concatenate([self.next_tokens[:, None], drafted], axis=1)
         before = _recurrent_states(self._model_caches)
         logits = self.model(inputs, cache=self._model_caches)
         logits = self._processed(inputs, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = self._sample(logprobs, [n + 1 for n in lengths])
-        mx.eval(sampled, inputs, self._next_logprobs)
+        mx.eval(sampled, inputs, self.next_logprobs)
         chosen, rows = int_rows(sampled), int_rows(inputs)
         nexts = [row[0] for row in rows]
         drafts = [row[1 : 1 + n] for row, n in zip(rows, lengths, strict=True)]
@@ -214,7 +213,7 @@ class SpeculativeBatch(GenerationBatch):
                 for processor in processors:
                     row = processor(inputs[e], row)
             else:
-                context = self._token_context[e].update_and_fetch(inputs[e, :1])
+                context = self.token_context(e).update_and_fetch(inputs[e, :1])
                 first = row[:1]
                 for processor in processors:
                     first = processor(context, first)
@@ -240,9 +239,9 @@ class SpeculativeBatch(GenerationBatch):
         """The tokens a row keeps, cut after the one that finishes it (its token limit or
         an end-of-sequence token), and why it finished."""
         for n, token in enumerate(tokens):
-            self._num_tokens[i] += 1
-            reason = "length" if self._num_tokens[i] >= self.max_tokens[i] else None
-            if self._matchers[i].advance(token):
+            self.generated[i] += 1
+            reason = "length" if self.generated[i] >= self.max_tokens[i] else None
+            if self.stops_at(i, token):
                 reason = "stop"
             if reason is not None:
                 return tokens[: n + 1], reason
@@ -310,7 +309,7 @@ class SpeculativeBatch(GenerationBatch):
             # The first token's distribution came from the previous step; each kept draft
             # token's from the position before it.
             row_logprobs = [
-                self._next_logprobs[i],
+                self.next_logprobs[i],
                 *(logprobs[i, j] for j in range(len(tokens) - 1)),
             ]
             finished = reasons[i] is not None
@@ -328,10 +327,10 @@ class SpeculativeBatch(GenerationBatch):
                 )
             if not finished:
                 keep.append(i)
-        self._current_tokens = self._next_tokens
-        self._current_logprobs = self._next_logprobs
-        self._next_tokens = mx.array([token for token, _ in after], dtype=self._next_tokens.dtype)
-        self._next_logprobs = [logprobs[i, position] for i, (_, position) in enumerate(after)]
+        self.advance(
+            mx.array([token for token, _ in after], dtype=self.next_tokens.dtype),
+            [logprobs[i, position] for i, (_, position) in enumerate(after)],
+        )
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
@@ -361,21 +360,21 @@ class DraftModelBatch(SpeculativeBatch):
         if not any(drafting):
             return GenerationBatch.next(self)
         draft_caches = self._drafter_caches
-        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self._next_tokens.dtype)
-        fed = mx.stack([last, self._next_tokens], axis=1)
+        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self.next_tokens.dtype)
+        fed = mx.stack([last, self.next_tokens], axis=1)
         drafted = []
         for _ in range(self.max_draft):
             logits = self.draft_model(fed, cache=draft_caches)[:, -1, :]
-            fed = mx.argmax(logits, axis=-1).astype(self._next_tokens.dtype)[:, None]
+            fed = mx.argmax(logits, axis=-1).astype(self.next_tokens.dtype)[:, None]
             drafted.append(fed)
         lengths = [self.max_draft if d else 0 for d in drafting]
         return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
 
-    def _step(self):
+    def decode_step(self):
         """mlx-lm's step; the draft model takes the model's last token before it, staying
         one token behind."""
-        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self._next_tokens.dtype)
-        result = super()._step()
+        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self.next_tokens.dtype)
+        result = super().decode_step()
         mx.async_eval(self.draft_model(last[:, None], cache=self._drafter_caches))
         return result
 

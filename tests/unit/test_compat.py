@@ -56,6 +56,11 @@ def test_the_generation_batch_state_speculation_uses(tiny_model):
     assert not missing, f"mlx-lm's GenerationBatch no longer has {missing}"
     compat.install_generation_batch(generator, batch)
     assert generator._generation_batch is batch
+    # its `next` still steps through `_step`, which the adapter routes to `decode_step`
+    assert "self._step()" in inspect.getsource(GenerationBatch.next)
+    adapter = compat.GenerationBatchAdapter.empty(model, make_sampler())
+    assert isinstance(adapter, compat.GenerationBatchAdapter)
+    assert adapter.generated == [] and adapter.next_tokens.size == 0
 
 
 def test_qwen_vl_keeps_positions_where_they_are_forgotten():
