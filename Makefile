@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech run test lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap clean
+.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap clean
 
 install: $(VENV)/.installed
 
@@ -32,8 +32,18 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(WITH_BLAS) $(VENV)/bin/mlxserve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: install browser speech
+# The models the tests build and train for themselves, before any test runs (with
+# progress; cached, so a second run costs seconds). NAMES="tiny_model ..." builds some.
+fixtures: install speech
+	$(WITH_BLAS) $(PY) tests/fixtures/catalog.py $(NAMES)
+
+test: install browser speech fixtures
 	$(WITH_BLAS) $(PY) -m pytest $(ARGS)
+
+# The engine's parts in this process on tiny models, and the parsers: a minute or two.
+test-fast: install
+	$(WITH_BLAS) $(PY) tests/fixtures/catalog.py tiny_model wide_heads_model
+	$(WITH_BLAS) $(PY) -m pytest -m unit $(ARGS)
 
 # The audio tests speak with espeak-ng (and KittenTTS reads phonemes through it).
 speech: install

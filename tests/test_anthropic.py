@@ -15,20 +15,15 @@ from conversations import (
     BY_NAME,
     GEMMA_BY_NAME,
     HARMONY_BY_NAME,
-    WEATHER_TOOL,
     square_png,
 )
-from sse import named_events, stream
-from test_http import endless
+from helpers.sse import named_events, stream
+from helpers.streams import endless
+from helpers.tools import WEATHER
 
 MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
 CHAT = "/v1/chat/completions"
-WEATHER = {
-    "name": WEATHER_TOOL["function"]["name"],
-    "description": WEATHER_TOOL["function"]["description"],
-    "input_schema": WEATHER_TOOL["function"]["parameters"],
-}
 
 
 def client(srv, max_retries: int = 0) -> anthropic.Anthropic:
@@ -556,7 +551,7 @@ def test_body_too_large_is_413_request_too_large(launch, tiny_model):
 
 
 def test_a_full_server_answers_529_overloaded(launch, agent_model):
-    from test_scheduling import TimedStream
+    from helpers.streams import TimedStream
 
     srv = launch(agent_model, "--max-concurrent", "1", "--max-queue", "1")
     holders = [TimedStream(srv, endless(agent_model, max_tokens=130_000))]

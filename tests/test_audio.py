@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 from audio_fixture import KITTEN_VOICES, UTTERANCES, speak
-from conftest import start_server
+from helpers.server import start_server
 
 from mlxserve.audio.codec import decode
 from mlxserve.audio.service import SPEECH_SEED

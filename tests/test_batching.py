@@ -4,43 +4,13 @@ exactly what it would get alone; abandoned requests leave the batch at once."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conversations import AGENT_REPLY, BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS
-from sse import chat_message, open_stream, stream
-from test_http import endless
+from helpers.sse import open_stream, stream
+from helpers.streams import ENDS, beside_a_stream, concurrently, endless, tokens_and_message
 
 CHAT = "/v1/chat/completions"
-
-
-def tokens_and_message(server, body: dict, streamed: bool) -> tuple[list[str], dict]:
-    """The generated tokens (from logprobs) and the assistant message, tool ids left out."""
-    body = {**body, "logprobs": True}
-    if streamed:
-        result = stream(server.url, CHAT, body)
-        assert result.status == 200, result.lines
-        entries = [e for c in result.chunks if c["choices"] for e in _content(c)]
-        message = chat_message(result.chunks)
-    else:
-        status, _, reply = server.post(CHAT, body)
-        assert status == 200, reply
-        entries = reply["choices"][0]["logprobs"]["content"]
-        message = reply["choices"][0]["message"]
-        for call in message.get("tool_calls") or []:
-            del call["id"]
-    message.pop("refusal", None)
-    return [e["token"] for e in entries], message
-
-
-def _content(chunk: dict) -> list[dict]:
-    logprobs = chunk["choices"][0].get("logprobs") or {}
-    return logprobs.get("content") or []
-
-
-def concurrently(fn, items) -> list:
-    with ThreadPoolExecutor(len(items)) as pool:
-        return list(pool.map(fn, items))
 
 
 @pytest.mark.parametrize(
@@ -67,33 +37,6 @@ def test_greedy_output_is_identical_alone_and_batched(
         srv, model, ENDS[model_fixture], lambda job: tokens_and_message(srv, *job), jobs
     )
     assert batched == alone
-
-
-# Tokens that would end a reply, per fixture model.
-ENDS = {
-    "tiny_model": ("<|im_end|>",),
-    "wide_heads_model": ("<|im_end|>",),
-    "harmony_model": ("<|return|>", "<|call|>", "<|endoftext|>"),
-}
-
-
-def endless_stream(srv, model, ends):
-    """A stream that keeps the batch busy until it is closed."""
-    body = {**endless(model, ends, max_tokens=4000), "stream": True}
-    conn, response = open_stream(srv.url, CHAT, body)
-    assert response.status == 200
-    response.readline()  # the stream has started: the batch is running
-    return conn
-
-
-def beside_a_stream(srv, model, ends, fn, items) -> list:
-    """`fn` over `items` all at once while an endless stream runs: each joins a running
-    batch."""
-    background = endless_stream(srv, model, ends)
-    try:
-        return concurrently(fn, items)
-    finally:
-        background.close()
 
 
 def test_seeded_sampling_is_the_same_alone_and_batched(server):

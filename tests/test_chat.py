@@ -6,17 +6,13 @@ import json
 
 import openai
 import pytest
-from checks import assert_round_trip
 from conversations import BY_NAME, CONVERSATIONS, LONG_ANSWER
-from sse import chat_text, stream
+from helpers.chat import chat
+from helpers.checks import assert_round_trip
+from helpers.server import server_model
+from helpers.sse import chat_text, stream
 
 CHAT = "/v1/chat/completions"
-
-
-def chat(server, messages, **extra):
-    status, _, body = server.post(CHAT, {"messages": messages, **extra})
-    assert status == 200, body
-    return body
 
 
 @pytest.mark.parametrize("conv", CONVERSATIONS, ids=lambda c: c.name)
@@ -47,10 +43,6 @@ def test_response_shape(server):
 def test_model_field_echoes_the_served_alias(server):
     body = chat(server, BY_NAME["capital"].messages)
     assert body["model"] == str(server_model(server))
-
-
-def server_model(server):
-    return server.get("/v1/models")[2]["data"][0]["id"]
 
 
 def test_stream_protocol(server):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import anthropic
 from conversations import WEATHER_TOOL
-from test_anthropic import WEATHER
+from helpers.tools import WEATHER
 
 MESSAGES = "/v1/messages"
 RESPONSES = "/v1/responses"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conversations import BY_NAME
-from sse import named_events, stream
+from helpers.sse import named_events, stream
 
 from mlxserve.api import secret
 from mlxserve.api.responses.compaction import EXPANSION

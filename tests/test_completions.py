@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import openai
-from sse import stream
+from helpers.sse import stream
 from transformers import AutoTokenizer
 
 COMPLETIONS = "/v1/completions"

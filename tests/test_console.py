@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import start_server
+from helpers.server import start_server
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    from conftest import start_server
+    from helpers.server import start_server
 
     srv = start_server("demo")
     yield srv

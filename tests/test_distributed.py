@@ -20,12 +20,11 @@ import time
 import anthropic
 import openai
 import pytest
-from conftest import start_server
 from conversations import BY_NAME, CONVERSATIONS
-from sse import open_stream
-from test_batching import ENDS, beside_a_stream, concurrently, tokens_and_message
-from test_http import endless
-from test_structured import NO_THINKING, SCHEMAS, assert_valid, constrained
+from helpers.server import start_server
+from helpers.sse import open_stream
+from helpers.streams import ENDS, beside_a_stream, concurrently, endless, tokens_and_message
+from helpers.structured import NO_THINKING, SCHEMAS, assert_valid, constrained
 
 CHAT = "/v1/chat/completions"
 

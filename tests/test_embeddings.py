@@ -15,9 +15,9 @@ import mlx.core as mx
 import numpy as np
 import openai
 import pytest
-from conftest import start_server
 from conversations import BY_NAME
 from embedding_fixture import LIMIT
+from helpers.server import start_server
 from transformers import AutoTokenizer
 
 EMBEDDINGS = "/v1/embeddings"

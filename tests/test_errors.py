@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conversations import BY_NAME
+from helpers.errors import assert_error
 
 CHAT = "/v1/chat/completions"
 MESSAGES = BY_NAME["capital"].messages
@@ -14,19 +15,6 @@ def server_still_answers(server):
     yield
     status, _, body = server.post(CHAT, {"messages": MESSAGES})
     assert status == 200 and body["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
-
-
-def assert_error(response, status, param=None, code=None, type="invalid_request_error"):
-    got_status, headers, body = response
-    assert got_status == status, body
-    assert headers["Content-Type"] == "application/json"
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == type and error["message"]
-    assert error["param"] == param
-    if code is not None:
-        assert error["code"] == code
 
 
 @pytest.mark.parametrize(

@@ -5,36 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import pytest
-from conftest import Server
 from conversations import BY_NAME
-from test_http import endless
+from helpers.inprocess import in_process
+from helpers.streams import endless
 
-from mlxserve.config import ModelSettings, ServerConfig
 from mlxserve.engine import batch, worker
-from mlxserve.server import build_server
 
 CHAT = "/v1/chat/completions"
-
-
-@contextmanager
-def in_process(model, monkeypatch, **settings) -> Iterator[Server]:
-    """A server in this process (so a test can patch the engine), stopped afterwards;
-    `settings`: more of its ServerConfig."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    config = ServerConfig(models=(ModelSettings(str(model)),), port=0, **settings)
-    server = build_server(config)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield Server(process=None, url=server.url.removesuffix("/v1"))
-    finally:
-        server.shutdown()
-        server.server_close()
-        server.routes.service.worker.stop()
 
 
 @pytest.fixture

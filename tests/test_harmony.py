@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from checks import assert_round_trip
 from conversations import HARMONY_BY_NAME, HARMONY_CONVERSATIONS
+from helpers.checks import assert_round_trip
 
 CHAT = "/v1/chat/completions"
 

@@ -11,10 +11,10 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from conftest import start_server
 from conversations import AGENT_REPLY, BY_NAME
-from sse import open_stream, stream
-from transformers import AutoTokenizer
+from helpers.server import start_server
+from helpers.sse import open_stream, stream
+from helpers.streams import endless
 
 CHAT = "/v1/chat/completions"
 MESSAGES = BY_NAME["capital"].messages
@@ -173,13 +173,6 @@ def test_chunked_request_body(server, launch, tiny_model):
     payload = json.dumps({"messages": [{"role": "user", "content": "y" * 500}]}).encode()
     status, body = chunked_post(small, payload, piece=64)
     assert status == 413
-
-
-def endless(model, ends=("<|im_end|>",), **extra) -> dict:
-    """A request that never ends by itself: the end-of-turn tokens are forbidden."""
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    bias = {str(tokenizer.convert_tokens_to_ids(end)): -100 for end in ends}
-    return {"messages": BY_NAME["story"].messages, "logit_bias": bias, **extra}
 
 
 def test_keepalive_comments_while_waiting(launch, tiny_model):

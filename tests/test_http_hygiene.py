@@ -10,8 +10,8 @@ import time
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import start_server
 from conversations import BY_NAME
+from helpers.server import start_server
 
 CHAT = "/v1/chat/completions"
 REQUEST = json.dumps(BY_NAME["capital"].request).encode()

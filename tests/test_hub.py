@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import start_server
 from fake_hub import COMMIT, FakeHub, Repo
+from helpers.server import start_server
 
 from mlxserve.units import format_bytes
 

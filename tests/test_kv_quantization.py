@@ -5,9 +5,9 @@ the other batching tests."""
 from __future__ import annotations
 
 import pytest
-from checks import assert_round_trip
-from conftest import start_server
 from conversations import BY_NAME, CONVERSATIONS
+from helpers.checks import assert_round_trip
+from helpers.server import start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 CHAT = "/v1/chat/completions"

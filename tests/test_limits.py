@@ -8,10 +8,10 @@ import threading
 
 import anthropic
 import pytest
-from conftest import start_server
 from conversations import BY_NAME
-from sse import open_stream, stream
-from test_http import endless
+from helpers.server import start_server
+from helpers.sse import open_stream, stream
+from helpers.streams import endless
 
 from mlxserve.units import GB, format_bytes
 

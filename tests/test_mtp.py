@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Server
 from conversations import BY_NAME, CONVERSATIONS, ECHO
+from helpers.server import CHAT, Server
+from helpers.speculation import accepted, assert_same, reply, speculated
+from helpers.streams import ENDS, beside_a_stream, concurrently
 from scipy.stats import chi2_contingency
-from test_batching import ENDS, beside_a_stream, concurrently
-from test_speculation import CHAT, accepted, assert_same, reply, speculated
 
 PLAIN = ("--speculation", "off", "--prompt-cache-size", "0")
 
@@ -60,7 +60,7 @@ class Family:
 
 @pytest.fixture(scope="module", params=list(KINDS))
 def family(request):
-    from conftest import start_server
+    from helpers.server import start_server
 
     kind = KINDS[request.param]
     model = request.getfixturevalue(kind.model)

@@ -8,12 +8,11 @@ import re
 import time
 
 import pytest
-from conftest import start_server
 from conversations import BY_NAME
-from prometheus_client.parser import text_string_to_metric_families
-from sse import open_stream, stream
-from test_batching import concurrently
-from test_http import endless
+from helpers.metrics import metrics
+from helpers.server import start_server
+from helpers.sse import open_stream, stream
+from helpers.streams import concurrently, endless
 
 CHAT = "/v1/chat/completions"
 ID = re.compile(r"req_[0-9a-f]{24}")
@@ -25,18 +24,6 @@ def fresh(tiny_model):
     srv = start_server(tiny_model)
     yield srv
     srv.stop()
-
-
-def metrics(srv) -> dict[tuple[str, tuple], float]:
-    """Every sample as {(name, sorted labels): value}."""
-    status, headers, text = srv.get("/metrics")
-    assert status == 200
-    assert headers["Content-Type"].startswith("text/plain; version=")
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def metrics_when(srv, condition, seconds: float = 5.0) -> dict:

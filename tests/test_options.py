@@ -8,6 +8,7 @@ import sys
 
 import mlx.core as mx
 from conversations import BY_NAME
+from helpers.chat import chat
 from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.tuner.utils import linear_to_lora_layers
@@ -21,17 +22,11 @@ PIRATE_TEMPLATE = (
 )
 
 
-def reply(server, messages, **extra):
-    status, _, body = server.post(CHAT, {"messages": messages, **extra})
-    assert status == 200, body
-    return body
-
-
 def test_chat_template_from_a_file(launch, tiny_model, tmp_path):
     template = tmp_path / "pirate.jinja"
     template.write_text(PIRATE_TEMPLATE)
     srv = launch(tiny_model, "--chat-template", str(template))
-    body = reply(srv, [{"role": "user", "content": "Hello!"}])
+    body = chat(srv, [{"role": "user", "content": "Hello!"}])
     assert body["choices"][0]["message"]["content"] == BY_NAME["system"].reply
 
 
@@ -62,14 +57,14 @@ def test_a_chat_template_that_does_not_compile_stops_the_server(tiny_model, tmp_
 
 def test_chat_template_args_and_request_kwargs(server, launch, tiny_model):
     messages = BY_NAME["capital"].messages
-    plain = reply(server, messages)["usage"]["prompt_tokens"]
-    per_request = reply(server, messages, chat_template_kwargs={"enable_thinking": False})
+    plain = chat(server, messages)["usage"]["prompt_tokens"]
+    per_request = chat(server, messages, chat_template_kwargs={"enable_thinking": False})
     srv = launch(tiny_model, "--chat-template-args", json.dumps({"enable_thinking": False}))
-    server_wide = reply(srv, messages)
+    server_wide = chat(srv, messages)
     # The template closes an empty think block when thinking is off.
     assert per_request["usage"]["prompt_tokens"] > plain
     assert server_wide["usage"]["prompt_tokens"] == per_request["usage"]["prompt_tokens"]
-    overridden = reply(srv, messages, chat_template_kwargs={"enable_thinking": True})
+    overridden = chat(srv, messages, chat_template_kwargs={"enable_thinking": True})
     assert overridden["usage"]["prompt_tokens"] == plain
 
 
@@ -77,9 +72,9 @@ def test_draft_model(launch, tiny_model):
     srv = launch(tiny_model, "--draft-model", str(tiny_model), "--num-draft-tokens", "2")
     for name in ("capital", "story", "unicode"):
         conv = BY_NAME[name]
-        body = reply(srv, conv.messages, max_tokens=400)
+        body = chat(srv, conv.messages, max_tokens=400)
         assert body["choices"][0]["message"]["content"] == conv.reply
-    again = reply(srv, BY_NAME["capital"].messages)
+    again = chat(srv, BY_NAME["capital"].messages)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
@@ -97,18 +92,18 @@ def test_adapter_path_changes_the_model(launch, tiny_model, tmp_path):
     config = {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": lora}
     (tmp_path / "adapter_config.json").write_text(json.dumps(config))
     srv = launch(tiny_model, "--adapter-path", str(tmp_path))
-    body = reply(srv, BY_NAME["capital"].messages, max_tokens=10)
+    body = chat(srv, BY_NAME["capital"].messages, max_tokens=10)
     assert body["choices"][0]["message"]["content"] != BY_NAME["capital"].reply
 
 
 def test_prompt_cache_byte_budget(server, launch, tiny_model):
     messages = BY_NAME["story"].messages
-    reply(server, messages, max_tokens=5)
-    unlimited = reply(server, messages, max_tokens=5)
+    chat(server, messages, max_tokens=5)
+    unlimited = chat(server, messages, max_tokens=5)
     assert unlimited["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     srv = launch(tiny_model, "--prompt-cache-bytes", "1000", "--cache-limit-gb", "0.5")
-    reply(srv, messages, max_tokens=5)
-    again = reply(srv, messages, max_tokens=5)
+    chat(srv, messages, max_tokens=5)
+    again = chat(srv, messages, max_tokens=5)
     # No prefix fits in 1000 bytes: nothing is kept, nothing reused.
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert any("buffer cache limit 512.0 MB" in line for line in srv.log)

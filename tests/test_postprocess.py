@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 from conversations import BY_NAME
-from sse import chat_message, stream, without_call_ids
+from helpers.sse import chat_message, stream, without_call_ids
 
 CHAT = "/v1/chat/completions"
 THINK = BY_NAME["think"]

@@ -8,8 +8,9 @@ import resource
 from collections.abc import Callable
 
 import pytest
-from conftest import start_server
 from conversations import BY_NAME, LONG_ANSWER
+from helpers.chat import chat
+from helpers.server import start_server
 
 CHAT = "/v1/chat/completions"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " + LONG_ANSWER}
@@ -25,12 +26,6 @@ def uncached(tiny_model):
 
 def answer(body: dict) -> str:
     return body["choices"][0]["message"]["content"]
-
-
-def chat(server, messages, **extra) -> dict:
-    status, _, body = server.post(CHAT, {"messages": messages, **extra})
-    assert status == 200, body
-    return body
 
 
 def cached(body: dict) -> int:

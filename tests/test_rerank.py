@@ -6,7 +6,7 @@ follows them, and bad requests are 400s in OpenAI's shape."""
 from __future__ import annotations
 
 import pytest
-from conftest import start_server
+from helpers.server import start_server
 
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.rerank.model import CrossEncoder, load_reranker

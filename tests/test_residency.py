@@ -9,10 +9,10 @@ import threading
 import time
 
 import pytest
-from conftest import start_server
 from conversations import BY_NAME, COLOUR_QUESTION, data_uri, square_png
-from sse import Stream, chat_text, open_stream
-from test_http import endless
+from helpers.server import start_server
+from helpers.sse import Stream, chat_text, open_stream
+from helpers.streams import endless
 
 CHAT = "/v1/chat/completions"
 CAPITAL = BY_NAME["capital"]
@@ -242,7 +242,7 @@ def test_a_stream_goes_on_while_another_model_loads(tiny_model, model_dir, monke
     """A model's weights load on their own thread: a stream of the resident model keeps
     streaming while they load (held until the stream has shown it), and the request that
     asked for the model is answered once it is in."""
-    from test_failure import in_process
+    from helpers.inprocess import in_process
 
     from mlxserve.models.provider import ModelProvider
 

@@ -20,8 +20,8 @@ from conversations import (
     data_uri,
     square_png,
 )
-from sse import stream
-from test_http import endless
+from helpers.sse import stream
+from helpers.streams import endless
 
 RESPONSES = "/v1/responses"
 CHAT = "/v1/chat/completions"

@@ -4,19 +4,21 @@ a full server says 503 with Retry-After; chunking changes no output."""
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 from conversations import AGENT_REPLY, BY_NAME, CONVERSATIONS, HARMONY_CONVERSATIONS, LONG_ANSWER
-from sse import chat_text, open_stream
-from test_batching import ENDS, beside_a_stream, endless_stream, tokens_and_message
-from test_chat import server_model
-from test_http import endless
+from helpers.server import server_model
+from helpers.streams import (
+    ENDS,
+    TimedStream,
+    beside_a_stream,
+    endless,
+    endless_stream,
+    tokens_and_message,
+)
 
 CHAT = "/v1/chat/completions"
 
@@ -25,46 +27,6 @@ def long_request(words: int, **extra) -> dict:
     """A prompt of about `words` tokens (the fixture tokenizer has a token per word)."""
     text = " ".join(["the"] * words)
     return {"messages": [{"role": "user", "content": text}], **extra}
-
-
-class TimedStream:
-    """Reads an SSE response in a thread and keeps when each line arrived. Starting one
-    waits for the response headers: the first event or keepalive comment."""
-
-    def __init__(self, srv, body: dict):
-        self.conn, response = open_stream(srv.url, CHAT, {**body, "stream": True})
-        assert response.status == 200
-        self.lines: list[tuple[float, str]] = []
-        self._response = response
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        try:
-            while line := self._response.readline():
-                if line.strip():
-                    self.lines.append((time.monotonic(), line.decode().strip()))
-        except (OSError, AttributeError):  # close() shut the connection under the reader
-            pass
-
-    def data_times(self) -> list[float]:
-        return [t for t, line in self.lines if line.startswith("data: {")]
-
-    def text(self) -> str:
-        chunks = [json.loads(line[6:]) for _, line in self.lines if line.startswith("data: {")]
-        return chat_text(chunks)
-
-    def first_data(self) -> float:
-        return self.data_times()[0]
-
-    def wait(self, timeout: float = 120) -> None:
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the stream did not end"
-
-    def close(self) -> None:
-        """Hang up now (closing alone would wait for the reader's next line)."""
-        self.conn.sock.shutdown(socket.SHUT_RDWR)
-        self.conn.close()
 
 
 def prompt_tokens(srv, body: dict) -> int:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import signal
 
 import pytest
-from conftest import start_server
-from sse import open_stream
-from test_http import endless
+from helpers.server import start_server
+from helpers.sse import open_stream
+from helpers.streams import endless
 
 
 def open_endless(srv, model, path: str):

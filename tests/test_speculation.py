@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 from conversations import BY_NAME, CONVERSATIONS, ECHO, ECHO_CODE, ECHO_CONVERSATIONS
-from test_batching import ENDS, beside_a_stream, concurrently
-from test_observability import metrics
-from test_structured import NO_THINKING, constrained
+from helpers.metrics import metrics
+from helpers.speculation import accepted, assert_same, reply, speculated
+from helpers.streams import ENDS, beside_a_stream, concurrently
+from helpers.structured import NO_THINKING, constrained
 from transformers import AutoTokenizer
 
 CHAT = "/v1/chat/completions"
@@ -21,7 +22,7 @@ CHAT = "/v1/chat/completions"
 def without_and_with(model):
     """The model served without and with speculation, prompt caches off (each request is
     computed from its prompt)."""
-    from conftest import start_server
+    from helpers.server import start_server
 
     pair = [
         start_server(model, "--speculation", mode, "--prompt-cache-size", "0")
@@ -40,41 +41,6 @@ def servers(tiny_model):
 @pytest.fixture(scope="module")
 def echo_servers(echo_model):
     yield from without_and_with(echo_model)
-
-
-def reply(srv, body: dict) -> tuple[dict, list[tuple]]:
-    """The choice (logprobs taken out) and its logprob entries as tuples."""
-    status, _, answer = srv.post(CHAT, {**body, "logprobs": True, "top_logprobs": 3})
-    assert status == 200, answer
-    choice = answer["choices"][0]
-    entries = [
-        (e["token"], e["logprob"], [(t["token"], t["logprob"]) for t in e["top_logprobs"]])
-        for e in choice.pop("logprobs")["content"]
-    ]
-    for call in choice["message"].get("tool_calls") or []:
-        del call["id"]
-    return {**choice, "usage": answer["usage"]}, entries
-
-
-def assert_same(plain: tuple, speculated: tuple) -> None:
-    """The same message, finish reason, usage and tokens; logprobs equal to float32
-    rounding (a pass over several positions adds up in another order)."""
-    assert speculated[0] == plain[0]
-    assert [e[0] for e in speculated[1]] == [e[0] for e in plain[1]]
-    for (_, lp, top), (_, lp0, top0) in zip(speculated[1], plain[1], strict=True):
-        assert lp == pytest.approx(lp0, abs=1e-4)
-        assert [t for t, _ in top] == [t for t, _ in top0]
-        assert [v for _, v in top] == pytest.approx([v for _, v in top0], abs=1e-4)
-
-
-def speculated(srv, outcome: str) -> float:
-    """The server's drafted or accepted tokens, every model's."""
-    suffix = f"_{outcome}_tokens_total"
-    return sum(v for (name, _), v in metrics(srv).items() if name.endswith(suffix))
-
-
-def accepted(srv) -> float:
-    return speculated(srv, "accepted")
 
 
 def think_bias(model) -> dict:

@@ -14,9 +14,9 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-from conftest import looper_model, start_server
-from test_batching import tokens_and_message
-from test_chat import server_model
+from catalog import looper_model
+from helpers.server import server_model, start_server
+from helpers.streams import tokens_and_message
 
 CHAT = "/v1/chat/completions"
 MAX_TOKENS = 300
@@ -73,7 +73,7 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module", params=["byte_level", "metaspace", "sentencepiece", "tiktoken"])
 def looper(request):
-    srv = start_server(looper_model(request, request.param), "--trust-remote-code")
+    srv = start_server(looper_model(request.param), "--trust-remote-code")
     yield srv
     srv.stop()
 

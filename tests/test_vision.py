@@ -15,7 +15,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
-from conftest import start_server
 from conversations import (
     BY_NAME,
     COLOURS,
@@ -25,9 +24,10 @@ from conversations import (
     image_part,
     square_png,
 )
+from helpers.errors import assert_error
+from helpers.server import start_server
+from helpers.sse import open_stream, stream
 from PIL import Image
-from sse import open_stream, stream
-from test_errors import assert_error
 from transformers import AutoTokenizer
 
 CHAT = "/v1/chat/completions"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from conversations import BY_NAME, VISION_CONVERSATIONS, colour_question, data_uri, square_png
-from sse import chat_message, open_stream, stream
-from test_batching import concurrently
-from test_errors import assert_error
+from helpers.errors import assert_error
+from helpers.sse import chat_message, open_stream, stream
+from helpers.streams import concurrently
 from transformers import AutoTokenizer
 
 CHAT = "/v1/chat/completions"
@@ -289,7 +289,7 @@ def test_a_stream_goes_on_while_images_are_encoded(vision_model, monkeypatch):
     """The vision encoder runs on a thread of its own: a stream keeps streaming while
     another request's image is in the encoder (held there until the stream has shown it),
     and that request is answered once its image is through."""
-    from test_failure import in_process
+    from helpers.inprocess import in_process
 
     from mlxserve.engine import vision_rows
 
@@ -327,7 +327,7 @@ def test_an_image_seen_after_other_text_skips_the_encoder(family, monkeypatch):
     the row's RoPE delta), encoding nothing, and still replies as generate_step does."""
     import importlib
 
-    from test_failure import in_process
+    from helpers.inprocess import in_process
 
     model_type = json.loads((family.model / "config.json").read_text())["model_type"]
     architecture = importlib.import_module(f"mlx_vlm.models.{model_type}").Model

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import start_server
 from conversations import COLOUR_QUESTION, square_png
+from helpers.server import start_server
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 KEY = "sk-webapp-test"

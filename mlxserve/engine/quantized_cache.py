@@ -55,7 +55,8 @@ class KVQuantization:
 
     def plain(self, cache: list[Any]) -> list[Any]:
         """The cache with every quantized layer back at full precision, to process more
-        prompt on it (quantizing again gives the same values: they lie on the grid)."""
+        prompt on it (quantizing again moves a value by at most one step of its group's
+        grid: the grid is recomputed from the group's range)."""
         return [self._dequantized(c) if isinstance(c, QuantizedKVCache) else c for c in cache]
 
     def _dequantized(self, layer: QuantizedKVCache) -> KVCache:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import parser_checks
 import pytest
-from test_output_parser import PARIS
+from helpers.parsers import PARIS
 
 from mlxserve.postprocess.harmony import HarmonyParser
 

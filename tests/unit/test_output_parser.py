@@ -6,14 +6,13 @@ from __future__ import annotations
 import parser_checks
 import pytest
 from conversations import WEATHER_TOOL
+from helpers.parsers import PARIS
 from tool_samples import FORECAST_TOOL, SAMPLES, STREAMING_SAMPLES, TWO_CALLS
 
 from mlxserve.postprocess import tools
 from mlxserve.postprocess.events import ToolCallArguments, ToolCallStart
 from mlxserve.postprocess.parser import OutputParser
 from mlxserve.postprocess.reasoning import THINK, ReasoningPresenter
-
-PARIS = ("get_weather", '{"city": "Paris"}')
 
 
 def run(pieces, **options) -> dict:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sse import chat_message, stream, without_call_ids
-
-CHAT = "/v1/chat/completions"
+from helpers.server import CHAT
+from helpers.sse import chat_message, stream, without_call_ids
 
 
 def assert_round_trip(server, conv, markup: tuple[str, ...]) -> dict:
