@@ -59,7 +59,10 @@ def test_a_longer_prompt_continues_from_a_stored_prefix(model_and_tokenizer, sto
     cache.store("m", story[:20], filled(model, story[:20]))
     hit = cache.fetch("m", lambda: make_prompt_cache(model), story)
     assert (hit.cached_tokens, hit.rest) == (20, story[20:])
-    assert all(np.array_equal(a, b) for a, b in zip(keys_of(hit.cache), keys_of(filled(model, story[:20]))))
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(keys_of(hit.cache), keys_of(filled(model, story[:20])), strict=False)
+    )
     other = cache.fetch("another model", lambda: make_prompt_cache(model), story)
     assert (other.cached_tokens, other.rest) == (0, story)
 
@@ -97,7 +100,9 @@ def test_the_disk_tier_gives_back_what_it_kept(model_and_tokenizer, story, tmp_p
     restarted = PromptCache(max_entries=1, disk=DiskCache(tmp_path, 10 * 2**20))
     hit = restarted.fetch("m", lambda: make_prompt_cache(model), story)
     assert hit.cached_tokens == 16
-    assert all(np.array_equal(a, b) for a, b in zip(keys_of(hit.cache), keys_of(first)))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(keys_of(hit.cache), keys_of(first), strict=False)
+    )
 
 
 # The quantized KV cache ----------------------------------------------------------------
@@ -114,11 +119,13 @@ def test_quantized_values_stay_on_their_grid(wide_heads_model, story):
     # Quantized again (a cached prompt taken back to full precision, extended, and joining
     # the batch), each value stays within one step of its group's grid.
     again = quantization.plain(quantization.quantized(back))
-    for a, b in zip(keys_of(again), keys_of(back)):
+    for a, b in zip(keys_of(again), keys_of(back), strict=False):
         groups = b.reshape(-1, 32)
         step = (groups.max(axis=1) - groups.min(axis=1)) / 255
         assert (np.abs(a - b).reshape(-1, 32) <= step[:, None] * 1.01 + 1e-6).all()
-    error = max(float(np.abs(x - y).max()) for x, y in zip(keys_of(back), keys_of(plain)))
+    error = max(
+        float(np.abs(x - y).max()) for x, y in zip(keys_of(back), keys_of(plain), strict=False)
+    )
     assert 0 < error < 0.1  # close to the plain values, not equal to them
 
 
