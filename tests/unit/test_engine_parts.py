@@ -61,7 +61,7 @@ def test_a_longer_prompt_continues_from_a_stored_prefix(model_and_tokenizer, sto
     assert (hit.cached_tokens, hit.rest) == (20, story[20:])
     assert all(
         np.array_equal(a, b)
-        for a, b in zip(keys_of(hit.cache), keys_of(filled(model, story[:20])), strict=False)
+        for a, b in zip(keys_of(hit.cache), keys_of(filled(model, story[:20])), strict=True)
     )
     other = cache.fetch("another model", lambda: make_prompt_cache(model), story)
     assert (other.cached_tokens, other.rest) == (0, story)
@@ -101,7 +101,7 @@ def test_the_disk_tier_gives_back_what_it_kept(model_and_tokenizer, story, tmp_p
     hit = restarted.fetch("m", lambda: make_prompt_cache(model), story)
     assert hit.cached_tokens == 16
     assert all(
-        np.array_equal(a, b) for a, b in zip(keys_of(hit.cache), keys_of(first), strict=False)
+        np.array_equal(a, b) for a, b in zip(keys_of(hit.cache), keys_of(first), strict=True)
     )
 
 
@@ -119,12 +119,12 @@ def test_quantized_values_stay_on_their_grid(wide_heads_model, story):
     # Quantized again (a cached prompt taken back to full precision, extended, and joining
     # the batch), each value stays within one step of its group's grid.
     again = quantization.plain(quantization.quantized(back))
-    for a, b in zip(keys_of(again), keys_of(back), strict=False):
+    for a, b in zip(keys_of(again), keys_of(back), strict=True):
         groups = b.reshape(-1, 32)
         step = (groups.max(axis=1) - groups.min(axis=1)) / 255
         assert (np.abs(a - b).reshape(-1, 32) <= step[:, None] * 1.01 + 1e-6).all()
     error = max(
-        float(np.abs(x - y).max()) for x, y in zip(keys_of(back), keys_of(plain), strict=False)
+        float(np.abs(x - y).max()) for x, y in zip(keys_of(back), keys_of(plain), strict=True)
     )
     assert 0 < error < 0.1  # close to the plain values, not equal to them
 
