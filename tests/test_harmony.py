@@ -29,5 +29,17 @@ def test_tool_call_history_round_trip(harmony):
             "content": "Sunny",
         },
     ]
+    # The reply's reasoning, its call and the tool's result come back in harmony's own
+    # channels, in order, ending where the model writes its next message.
+    tokens = harmony.post("/tokenize", {**conv.request, "messages": history})[2]["tokens"]
+    prompt = harmony.post("/detokenize", {"tokens": tokens})[2]["prompt"]
+    assert prompt.endswith(
+        "<|start|>user<|message|>What is the weather in Paris?<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>Use the weather tool.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris"}<|call|>'
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>Sunny<|end|>"
+        "<|start|>assistant"
+    ), prompt
     status, _, result = harmony.post(CHAT, {**conv.request, "messages": history, "max_tokens": 20})
     assert status == 200, result

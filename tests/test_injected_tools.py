@@ -15,12 +15,19 @@ def test_injected_tools_round_trip(gemma, conv):
 
 
 def test_consecutive_user_turns_are_merged(gemma):
+    """A template that allows one turn per role at a time gets the two user turns as one
+    (joined by a blank line), rendered exactly as that one turn would be, and answers."""
     messages = [
         {"role": "user", "content": "What is the capital"},
         {"role": "user", "content": "of France?"},
     ]
+    merged = [{"role": "user", "content": "What is the capital\n\nof France?"}]
+    split = gemma.post("/tokenize", {"messages": messages})[2]["tokens"]
+    assert split == gemma.post("/tokenize", {"messages": merged})[2]["tokens"]
+    prompt = gemma.post("/detokenize", {"tokens": split})[2]["prompt"]
+    assert prompt.count("<start_of_turn>user") == 1, prompt
     status, _, result = gemma.post(CHAT, {"messages": messages, "max_tokens": 5})
-    assert status == 200, result
+    assert status == 200 and result["choices"][0]["message"]["content"], result
 
 
 def test_tool_choice_none_injects_nothing(gemma):
