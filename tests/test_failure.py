@@ -74,7 +74,7 @@ def failing_tenth_step(monkeypatch):
 
 def test_a_failure_mid_stream_is_an_error_event(tiny_model, failing_tenth_step, monkeypatch):
     """An Anthropic stream that has begun ends with `event: error` in Anthropic's shape."""
-    from sse import named_events, stream
+    from helpers.sse import named_events, stream
 
     story = {"model": "default", "max_tokens": 300, "messages": BY_NAME["story"].messages}
     with in_process(tiny_model, monkeypatch) as client:
@@ -92,7 +92,7 @@ def test_a_failure_mid_stream_is_an_error_event(tiny_model, failing_tenth_step, 
 def test_a_failure_mid_stream_is_a_failed_response(tiny_model, failing_tenth_step, monkeypatch):
     """A Responses stream that has begun ends with an `error` event and
     `response.failed`, whose response (the text so far, the error) is the one stored."""
-    from sse import stream
+    from helpers.sse import stream
 
     story = {"model": "default", "max_output_tokens": 300, "input": BY_NAME["story"].messages}
     with in_process(tiny_model, monkeypatch) as client:
@@ -112,7 +112,7 @@ def test_a_failure_mid_stream_is_a_failed_response(tiny_model, failing_tenth_ste
 def test_a_bug_mid_stream_still_ends_the_stream_properly(tiny_model, monkeypatch):
     """An unexpected exception while a stream is written (here: in the OpenAI chunk
     renderer) ends it with an error event, `[DONE]` and the chunked body's last chunk."""
-    from sse import stream
+    from helpers.sse import stream
 
     from mlxserve.api.openai.responses import ChatFormat
 
