@@ -37,8 +37,12 @@ run: install
 fixtures: install speech
 	$(WITH_BLAS) $(PY) tests/fixtures/catalog.py $(NAMES)
 
+# Two workers, each taking whole test modules (their servers are module fixtures): the
+# suite waits on servers, clients and agent CLIs as much as it computes. TEST_WORKERS=0
+# runs it in one process.
+TEST_WORKERS ?= 2
 test: install browser speech fixtures
-	$(WITH_BLAS) $(PY) -m pytest $(ARGS)
+	$(WITH_BLAS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # The engine's parts in this process on tiny models, and the parsers: a minute or two.
 test-fast: install
