@@ -132,7 +132,7 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
     worker = start_worker(config, provider, budget, lockstep)
     if cluster is not None and cluster.hub is not None:
         worker.call(cluster.seed)
-        cluster.check_even(worker.call(lambda: worker.accounting(provider.default)))
+        cluster.check_even(worker.call(lambda: worker.residency.accounting(provider.default)))
         cluster.hub.watch(config.distributed_timeout, faults)
         # Its launcher gone, rank 0 shuts down as on SIGTERM (and the group with it).
         watch_launcher(lambda: os.kill(os.getpid(), signal.SIGTERM))
@@ -146,7 +146,7 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
         mlx_cache_bytes=mx.get_cache_memory,
         speculation=lambda: [
             (provider.name(spec), counts.drafted, counts.accepted)
-            for spec, counts in worker.speculation()
+            for spec, counts in worker.residency.speculation()
         ],
     )
     server = MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
@@ -226,7 +226,7 @@ def follow(config: ServerConfig, world: World) -> None:
     )
     worker = start_worker(config, provider, cluster.startup.memory_budget, lockstep)
     worker.call(cluster.seed)
-    cluster.check_even(worker.call(lambda: worker.accounting(spec)))
+    cluster.check_even(worker.call(lambda: worker.residency.accounting(spec)))
     # Ctrl-C reaches every rank the launcher started on this machine: rank 0 stops the
     # group (its last step says so), so the others let it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from mlxserve.engine.loading import BackgroundLoads
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.session import Session
+from mlxserve.engine.speculative import SpeculationCounts
 from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec, stored_bytes
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request
 from mlxserve.units import format_bytes
@@ -96,6 +97,49 @@ class Residency:
             self._make_room(spec)
             self._loads.start(spec)
         return None
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        """Make `spec` resident and ready to serve (its session open, if it has one)."""
+        if spec.generative:
+            self.session(spec)
+        return self.resident(spec)
+
+    def unload_on_request(self, spec: ModelSpec) -> None:
+        """Unload a model now: a 409 while it has requests; a model served across several
+        machines stays."""
+        if self._only is not None:
+            raise bad_request(
+                "A model served across several machines (distributed) stays loaded.",
+                param="model",
+                code="model_pinned",
+            )
+        if self.busy(spec):
+            raise ServiceError(
+                ErrorKind.CONFLICT,
+                f"{spec.path.name} has requests running or waiting; it is unloaded once idle.",
+                param="model",
+                code="model_busy",
+            )
+        self.unload(spec)
+
+    def checkpoints(self, spec: ModelSpec) -> bool:
+        """Whether the model's caches continue only from exact prefixes (known once it is
+        loaded): then prompts leave checkpoints on the way (see BatchSession)."""
+        session = self.sessions.get(spec)
+        return session is not None and session.checkpoints
+
+    def speculation(self) -> list[tuple[ModelSpec, SpeculationCounts]]:
+        """Each speculating session's draft counts (read from any thread: a snapshot)."""
+        sessions = list(self.sessions.items())
+        return [(spec, s.speculation) for spec, s in sessions if s.speculation is not None]
+
+    def accounting(self, spec: ModelSpec) -> tuple[int, int, int]:
+        """What the loop's byte decisions count for a loaded model: its weights, and its
+        KV cache per token and fixed (generation thread only)."""
+        session = self.sessions.get(spec)
+        footprint = session.footprint if session is not None else None
+        per_token, fixed = (footprint.per_token, footprint.fixed) if footprint else (0, 0)
+        return self.resident(spec).nbytes, per_token, fixed
 
     def busy(self, spec: ModelSpec) -> bool:
         session = self.sessions.get(spec)

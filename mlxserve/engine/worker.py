@@ -31,12 +31,9 @@ from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.residency import Residency
 from mlxserve.engine.sampling import reseed_random
 from mlxserve.engine.session import Session, SessionContext, open_session
-from mlxserve.engine.speculative import SpeculationCounts
 from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
 from mlxserve.protocol.errors import (
-    ErrorKind,
     ServiceError,
-    bad_request,
     internal_error,
     unavailable,
 )
@@ -116,6 +113,16 @@ class GenerationWorker:
         return self._admission.kv_bytes
 
     @property
+    def residency(self) -> Residency:
+        """Which models are in memory, and their sessions (residency.py)."""
+        return self._residency
+
+    @property
+    def admission(self) -> Admission:
+        """The memory budget as requests are admitted (admission.py)."""
+        return self._admission
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self._serving.is_set()
 
@@ -128,31 +135,6 @@ class GenerationWorker:
     def waiting(self) -> int:
         """Sequences accepted and not decoding yet."""
         return max(0, self._capacity.in_flight - self.running)
-
-    def speculation(self) -> list[tuple[ModelSpec, SpeculationCounts]]:
-        """Each speculating session's draft counts (read from any thread: a snapshot)."""
-        sessions = list(self._residency.sessions.items())
-        return [(spec, s.speculation) for spec, s in sessions if s.speculation is not None]
-
-    def check_memory(
-        self, spec: ModelSpec, prompt_tokens: int, max_tokens: int, sequences: int, param: str
-    ) -> None:
-        """A 400 for a request that could never fit the memory budget (admission.py)."""
-        self._admission.check(spec, prompt_tokens, max_tokens, sequences, param)
-
-    def needs_checkpoints(self, spec: ModelSpec) -> bool:
-        """Whether the model's caches continue only from exact prefixes (known once it is
-        loaded): then prompts leave checkpoints on the way (see BatchSession)."""
-        session = self._residency.sessions.get(spec)
-        return session is not None and session.checkpoints
-
-    def accounting(self, spec: ModelSpec) -> tuple[int, int, int]:
-        """What the loop's byte decisions count for a loaded model: its weights, and its
-        KV cache per token and fixed (generation thread only: through `call`)."""
-        session = self._residency.sessions.get(spec)
-        footprint = session.footprint if session is not None else None
-        per_token, fixed = (footprint.per_token, footprint.fixed) if footprint else (0, 0)
-        return self._residency.resident(spec).nbytes, per_token, fixed
 
     def submit(self, jobs: list[GenerationJob]) -> None:
         """Queue one request's jobs (jobs with the same prompt share its prefill), or
@@ -208,9 +190,7 @@ class GenerationWorker:
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         """Make `spec` resident and ready to serve."""
-        if spec.generative:
-            self._residency.session(spec)
-        return self._residency.resident(spec)
+        return self._residency.load(spec)
 
     def run_with(self, spec: ModelSpec, fn: Callable[[Any], T]) -> T:
         """`fn` of the resident model of a kind that runs between the loop's steps
@@ -218,21 +198,8 @@ class GenerationWorker:
         return fn(self._residency.resident(spec).model)
 
     def unload(self, spec: ModelSpec) -> None:
-        """Unload a model now; a 409 while it has requests."""
-        if self._lockstep is not None:
-            raise bad_request(
-                "A model served across several machines (distributed) stays loaded.",
-                param="model",
-                code="model_pinned",
-            )
-        if self._residency.busy(spec):
-            raise ServiceError(
-                ErrorKind.CONFLICT,
-                f"{spec.path.name} has requests running or waiting; it is unloaded once idle.",
-                param="model",
-                code="model_busy",
-            )
-        self._residency.unload(spec)
+        """Unload a model now, as an operator asks (residency.unload_on_request)."""
+        self._residency.unload_on_request(spec)
 
     def trace(self) -> int:
         """A hash of every token the batches generated so far (see LoopStep.trace). A batch

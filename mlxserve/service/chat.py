@@ -102,7 +102,7 @@ class ChatService:
             parallel_tool_calls=request.parallel_tool_calls,
         )
         checkpoints: tuple[int, ...] = ()
-        if not spec.vision and self.worker.needs_checkpoints(spec):
+        if not spec.vision and self.worker.residency.checkpoints(spec):
 
             def render(opening: ChatRequest) -> list[int]:
                 return self._render(spec, tokenizer, opening, injected)[0]
@@ -234,7 +234,7 @@ class ChatService:
         that size: what can really be generated, not what was asked for)."""
         max_tokens = self._context_room(spec, request, prompt_tokens, prompt_param)
         param = request.max_tokens_param if request.max_tokens is not None else prompt_param
-        self.worker.check_memory(spec, prompt_tokens, max_tokens, sequences, param)
+        self.worker.admission.check(spec, prompt_tokens, max_tokens, sequences, param)
         return max_tokens
 
     def _context_room(
