@@ -105,18 +105,19 @@ def open_session(loaded: LoadedModel, draft_tokens: int, context: SessionContext
     """A session for a model just loaded: a batch where its caches batch, else one
     request at a time; a 400 for what neither can serve."""
     spec = loaded.spec
-    if not can_batch(loaded) and context.lockstep is not None:
+    batches = can_batch(loaded)
+    if not batches and context.lockstep is not None:
         raise bad_request(
             f"{spec.path.name} cannot be batched, and only a batch runs in "
             "lockstep across machines: serve it on one machine."
         )
-    if not can_batch(loaded) and spec.vision and loaded.draft_model is not None:
+    if not batches and spec.vision and loaded.draft_model is not None:
         raise bad_request(
             f"{spec.path.name}'s caches cannot drop a draft model's rejected "
             "drafts (a sliding window or recurrent layers): serve it without "
             "--draft-model."
         )
-    if not can_batch(loaded):
+    if not batches:
         why = (
             "a vision model whose caches do not batch"
             if spec.vision
