@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,7 +51,6 @@ class Declared:
     """One declared setting: where it sits in the configuration and its Option."""
 
     path: tuple[str, ...]  # field names from the top: ("defaults", "temperature")
-    field: Field
     option: Option
     default: Any
 
@@ -87,7 +86,7 @@ def declared(cls: type, path: tuple[str, ...] = ()) -> Iterator[Declared]:
         value = getattr(instance, f.name)
         option = f.metadata.get("option")
         if option is not None:
-            yield Declared((*path, f.name), f, option, value)
+            yield Declared((*path, f.name), option, value)
         elif is_dataclass(value):
             yield from declared(type(value), (*path, f.name))
 

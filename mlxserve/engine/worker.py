@@ -55,7 +55,6 @@ class GenerationWorker:
         idle_unload_seconds: float | None = None,
         lockstep: Lockstep | None = None,
     ):
-        self._provider = provider
         self._cache = cache
         self._lockstep = lockstep
         self._now = time.perf_counter()  # the clock of this loop iteration (LoopStep.now)

@@ -65,10 +65,6 @@ class KindRegistry:
     def named(self, name: str) -> ModelKind:
         return self._kinds[name]
 
-    @property
-    def names(self) -> list[str]:
-        return sorted(self._kinds)
-
 
 def _load_embedding_model(request: LoadRequest) -> Any:
     from mlxserve.models.embedding import load_embedding_model
