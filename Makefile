@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap clean
+.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap bench-adapters clean
 
 install: $(VENV)/.installed
 
@@ -90,6 +90,9 @@ bench-soak: install
 
 bench-kv: install
 	$(WITH_BLAS) $(PY) bench/kv_quantization.py $(ARGS)
+
+bench-adapters: install
+	$(WITH_BLAS) $(PY) bench/adapters.py $(ARGS)
 
 bench-two-models: install
 	$(WITH_BLAS) $(PY) bench/two_models.py $(ARGS)

@@ -120,10 +120,13 @@ class Target:
         stop: threading.Event | None = None,
         model: str | None = None,
         temperature: float = 0.0,
+        fields: dict | None = None,
     ) -> Reply:
         """Stream one reply into `reply` (read by other threads meanwhile); hang up early
-        once `stop` is set. `model`: which of the server's models (None: its default)."""
+        once `stop` is set. `model`: which of the server's models (None: its default);
+        `fields`: more of the request body (mlx_lm.server's `adapters`)."""
         body = {
+            **(fields or {}),
             **({"model": model} if model else {}),
             "messages": messages,
             "max_tokens": max_tokens,
@@ -164,16 +167,20 @@ class Target:
         logit_bias: dict,
         models: list[str | None] | None = None,
         temperature: float = 0.0,
+        fields: list[dict] | None = None,
     ) -> list:
         """Send all requests at once, each on its own connection (request i to
-        `models[i]`, when given)."""
+        `models[i]`, with `fields[i]`, when given)."""
         replies: list[Reply | None] = [None] * len(requests)
         start = threading.Barrier(len(requests))
 
         def run(i: int) -> None:
             start.wait()
             model = models[i] if models else None
-            replies[i] = self.chat(*requests[i], logit_bias, model=model, temperature=temperature)
+            more = fields[i] if fields else None
+            replies[i] = self.chat(
+                *requests[i], logit_bias, model=model, temperature=temperature, fields=more
+            )
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
         for t in threads:

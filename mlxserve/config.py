@@ -6,8 +6,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlxserve.settings import (
+    LoraOption,
     chat_template,
     json_object,
+    lora_option,
     name_pair,
     positive_float,
     positive_int,
@@ -172,7 +174,23 @@ class ServerConfig:
     )
     trust_remote_code: bool = setting(False, group=MODELS, help="allow tokenizers with custom code")
     adapter_path: str | None = setting(
-        None, group=MODELS, help="LoRA adapters for the default (first) model"
+        None,
+        group=MODELS,
+        help="one LoRA adapter applied to every request for the default (first) model; to serve several adapters side by side on one base, use --lora",
+    )
+    lora: tuple[LoraOption, ...] = setting(
+        (),
+        many="repeat",
+        parse=lora_option,
+        metavar="NAME=PATH[@MODEL]",
+        group=MODELS,
+        help="`NAME=PATH[@MODEL]` (repeatable): serve the LoRA or DoRA adapter in folder PATH (written by `mlx_lm.lora`, or a PEFT folder) as the model `NAME`, on the served model `MODEL` (default: the first). Rows under different adapters and the base decode in one batch; the base is never fused or reloaded. Adapters can also be loaded at runtime (`POST /v1/adapters/load`)",
+    )
+    max_loaded_adapters: int = setting(
+        8,
+        parse=positive_int,
+        group=MODELS,
+        help="adapters kept in memory per model; beyond it (or the memory budget) the least recently used idle, unpinned one is set free, and read again from its folder when next asked for",
     )
     text_only: bool = setting(
         False,

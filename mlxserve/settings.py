@@ -117,6 +117,27 @@ def name_pair(text: str) -> tuple[str, str]:
     return name.strip(), model.strip()
 
 
+@dataclass(frozen=True)
+class LoraOption:
+    """--lora NAME=PATH[@MODEL]: an adapter, and the served model it applies to (None:
+    the default model)."""
+
+    name: str
+    path: Path
+    model: str | None = None
+
+
+def lora_option(text: str) -> LoraOption:
+    """NAME=PATH[@MODEL]; a PATH that exists as written is a path, even with an @ in it."""
+    name, sep, rest = text.partition("=")
+    folder, at, model = rest.rpartition("@")
+    if not at or Path(rest).expanduser().exists():
+        folder, model = rest, ""
+    if not sep or not name.strip() or not folder.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH[@MODEL], not {text!r}")
+    return LoraOption(name.strip(), Path(folder.strip()).expanduser(), model.strip() or None)
+
+
 def json_object(text: str) -> dict:
     try:
         value = json.loads(text)

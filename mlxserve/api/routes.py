@@ -45,6 +45,8 @@ MODEL_PREFIXES = ("/v1/models/", "/models/")
 LOAD_PATHS = ("/v1/models/load", "/models/load")
 UNLOAD_PATHS = ("/v1/models/unload", "/models/unload")
 PIN_PATHS = ("/v1/models/pin", "/models/pin")
+ADAPTER_LOAD_PATHS = ("/v1/adapters/load", "/adapters/load")
+ADAPTER_UNLOAD_PATHS = ("/v1/adapters/unload", "/adapters/unload")
 METRICS_PATHS = ("/metrics",)
 STATUS_PATHS = ("/v1/status", "/status")
 GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS + STATUS_PATHS
@@ -95,6 +97,8 @@ class Routes:
             **dict.fromkeys(LOAD_PATHS, self.openai.load_model),
             **dict.fromkeys(UNLOAD_PATHS, self.openai.unload_model),
             **dict.fromkeys(PIN_PATHS, self.openai.pin_model),
+            **dict.fromkeys(ADAPTER_LOAD_PATHS, self.openai.load_adapter),
+            **dict.fromkeys(ADAPTER_UNLOAD_PATHS, self.openai.unload_adapter),
             **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
             **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }

@@ -22,7 +22,7 @@ class StatusEndpoint:
             for entry, spec in (
                 (provider.model_entry(name, spec), spec) for name, spec in provider.listed().items()
             )
-        ]
+        ] + [provider.adapter_entry(adapter) for adapter in provider.adapters.all()]
         return {
             "object": "status",
             "default_model": next(iter(provider.served)),

@@ -41,8 +41,8 @@ def single_machine_features(config: ServerConfig, paths: list[Path]) -> list[str
         found.append("serving several models (one --model only)")
     if config.draft_model or any(m.draft_model for m in config.models):
         found.append("a draft model (--draft-model)")
-    if config.adapter_path:
-        found.append("LoRA adapters (--adapter-path)")
+    if config.adapter_path or config.lora:
+        found.append("LoRA adapters (--adapter-path, --lora)")
     if config.prompt_cache_dir is not None:
         found.append("the prompt cache's disk tier (--prompt-cache-dir: one per machine)")
     if config.idle_unload_seconds is not None:

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from mlxserve.engine.adapter_residency import AdapterResidency
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.residency import RETRY_AFTER_SECONDS, Residency
@@ -86,6 +87,7 @@ class Admission:
         self.budget = budget  # None: unbounded
         self._cache = cache
         self._residency = residency
+        self.adapters = AdapterResidency(residency.provider, residency, budget, self.adapter_in_use)
         self._touch = touch
         self.pending: deque[list[GenerationJob]] = deque()  # requests, in order
         self.starting: list[GenerationJob] = []  # jobs being admitted now
@@ -112,6 +114,16 @@ class Admission:
                 param=param,
                 code="insufficient_memory",
             )
+
+    def adapter_in_use(self, name: str) -> bool:
+        """Whether requests under the adapter `name` run or wait."""
+        sessions = self._residency.open_sessions()
+        jobs = [
+            *(job for request in self.pending for job in request),
+            *self.starting,
+            *(job for session in sessions for job in session.jobs()),
+        ]
+        return any(job.adapter == name for job in jobs)
 
     def waits(self, spec: ModelSpec) -> bool:
         """Whether requests for `spec` wait to start."""
@@ -144,6 +156,8 @@ class Admission:
         session = self._residency.session_when_loaded(spec)
         if session is None or not session.fits(jobs, self.kv_room(session)):
             return False
+        for adapter in {job.adapter for job in jobs if job.adapter is not None}:
+            self.adapters.ready(spec, adapter)
         self.starting = jobs
         try:
             for job in jobs:

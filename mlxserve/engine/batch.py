@@ -20,11 +20,14 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlxserve.adapters.layers import BASE
+from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, with_slot
 from mlxserve.engine.head_drafts import draft_with_head
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
 from mlxserve.engine.quantized_cache import KVQuantization
+from mlxserve.engine.row_entry import RowEntry
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
 from mlxserve.engine.sequence import SequenceOutput
@@ -39,7 +42,7 @@ from mlxserve.engine.speculative import (
     speculate_in,
     verify_cost,
 )
-from mlxserve.engine.vision_rows import Encoder, RopeDeltas, VisionRow, batch_model
+from mlxserve.engine.vision_rows import Encoder, VisionRow, batch_model
 from mlxserve.models.provider import LoadedModel
 from mlxserve.mtp.hidden import HiddenCapture, splits_exactly
 from mlxserve.protocol.errors import bad_request, internal_error
@@ -81,7 +84,7 @@ def _key_tokens(job: GenerationJob) -> list[int]:
 def _exact_prefix_only(cache: Any) -> bool:
     """Whether a cache cannot always be trimmed back to an earlier position (a hybrid
     model's recurrent state, a sliding window once wrapped)."""
-    return type(cache) not in (KVCache, RopeDeltas)
+    return type(cache) is not KVCache and not isinstance(cache, RowEntry)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class BatchLimits:
 class _Sequence:
     job: GenerationJob
     output: SequenceOutput
+    key: str  # its prompt-cache key: the model's, and its adapter's
 
     def key_tokens(self, tokens: list[int]) -> list[int]:
         """The sequence's tokens (its prompt, then what it generated) as the prompt cache
@@ -116,6 +120,7 @@ class _Admitted:
     jobs: list[GenerationJob]
     hit: CacheHit
     arrived: float
+    key: str  # the prompt-cache key: the model's, and the jobs' adapter's
     vision: VisionRow | None = None  # a vision model's row, once its images are encoded
     encoding: Future[VisionRow] | None = None  # its images in the encoder meanwhile
 
@@ -148,7 +153,11 @@ class BatchSession:
         engine.lockstep); `wake`: wakes the generation loop, waiting for work, when a
         prompt's images are through the vision encoder."""
         self._loaded = loaded
-        self._model = batch_model(loaded.model, loaded.spec.vision)  # what the batch calls
+        # what the batch calls; a text model's rows each under their own adapter (or none)
+        self._model = batch_model(loaded.model, loaded.spec.vision)
+        self._adapters = loaded.adapters if worst is None else None  # not across ranks
+        if self._adapters is not None:
+            self._model = AdapterRowsModel(self._model, self._adapters)
         self._encoder = Encoder(wake) if loaded.spec.vision else None
         self._clock = clock
         self._worst = worst or (lambda value: value)
@@ -160,9 +169,11 @@ class BatchSession:
         self._plan = self._plan_speculation()
         # drafting from the model's hidden states
         self._head: Any = loaded.head if self._plan.head else None
-        self._capture = (
-            HiddenCapture(loaded.model, self._head.reads) if self._head is not None else None
-        )
+        self._capture: Any = None
+        if self._head is not None:
+            self._capture = HiddenCapture(loaded.model, self._head.reads)
+            if self._adapters is not None:
+                self._capture = AdapterRowsModel(self._capture, self._adapters)
         self._trim_prompt_cache = trim_prompt_cache
         self._quantization = (
             KVQuantization(limits.kv_bits, limits.kv_group_size) if limits.kv_bits else None
@@ -172,6 +183,7 @@ class BatchSession:
             loaded.spec.key
             + (f"|kv{limits.kv_bits}/{limits.kv_group_size}" if limits.kv_bits else "")
             + ("|head" if self._head is not None else "")
+            + (ADAPTER_ROWS_KEY if self._adapters is not None else "")
         )
         try:
             fresh = self._fresh()
@@ -292,16 +304,33 @@ class BatchSession:
         clients sending one prompt) wait together: the prompt is processed once and each
         job continues from a copy of its cache."""
         prompt = _key_tokens(job)
+        slot, key = self._adapter_of(job)
         for admitted in self._admitted:
-            if _key_tokens(admitted.jobs[0]) == prompt:
+            if _key_tokens(admitted.jobs[0]) == prompt and admitted.key == key:
                 admitted.jobs.append(job)
                 return
         reusable = job.images.reusable if job.images is not None else None
-        hit = self._cache.fetch(self._key, self._fresh, prompt, reusable)
+        hit = self._cache.fetch(key, self._fresh, prompt, reusable)
+        if self._adapters is not None:  # the entry's slot may be another run's
+            hit.cache = with_slot(hit.cache, self._model.index, slot)
         if self._quantization is not None and hit.rest:
             hit.cache = self._quantization.plain(hit.cache)
-        self._admitted.append(_Admitted([job], hit, self._clock()))
+        self._admitted.append(_Admitted([job], hit, self._clock(), key))
         self._trim_prompt_cache()
+
+    def _adapter_of(self, job: GenerationJob) -> tuple[int, str]:
+        """The adapter slot a job's rows use and its prompt-cache key (residency.py made
+        its adapter resident before it was admitted)."""
+        if job.adapter is None:
+            return BASE, self._key
+        resident = self._adapters.get(job.adapter) if self._adapters is not None else None
+        if resident is None:
+            raise bad_request(
+                f"The adapter '{job.adapter}' is not loaded on {self.spec.path.name}.",
+                param="model",
+                code="adapter_not_loaded",
+            )
+        return resident.slot, self._key + resident.cache_key
 
     def step(self) -> None:
         """One loop iteration: the scheduler's share of prompt processing, then one decode
@@ -321,7 +350,7 @@ class BatchSession:
             sequence = self._sequences[r.uid]
             hit_stop = sequence.output.add(r.token, r.logprobs, r.finish_reason)
             if r.finish_reason is not None:
-                self._cache.store(self._key, sequence.key_tokens(r.all_tokens), r.prompt_cache)
+                self._cache.store(sequence.key, sequence.key_tokens(r.all_tokens), r.prompt_cache)
                 sequence.output.finish(r.finish_reason)
                 finished.append(r.uid)
             elif hit_stop:
@@ -377,7 +406,10 @@ class BatchSession:
             hit = admitted.hit
             for i, job in enumerate(jobs):
                 self._insert(
-                    job, hit.cache if i == len(jobs) - 1 else copy.deepcopy(hit.cache), hit
+                    job,
+                    hit.cache if i == len(jobs) - 1 else copy.deepcopy(hit.cache),
+                    hit,
+                    admitted.key,
                 )
             # Only now: if an insertion fails, its jobs are still found (and answered).
             self._admitted.remove(admitted)
@@ -452,7 +484,7 @@ class BatchSession:
             elif self._head is not None:
                 self._head_prefill(hit, count)
             else:
-                self._loaded.model(chunk, cache=hit.cache[: self._layers])
+                self._model(chunk, cache=hit.cache[: self._layers])
             if self._loaded.draft_model is not None:
                 self._loaded.draft_model(chunk, cache=hit.cache[self._layers :])
             mx.eval([c.state for c in hit.cache])
@@ -476,7 +508,7 @@ class BatchSession:
         checkpoint = copy.deepcopy(admitted.hit.cache)
         if self._quantization is not None:
             checkpoint = self._quantization.quantized(checkpoint)
-        self._cache.store(self._key, admitted.processed(), checkpoint)
+        self._cache.store(admitted.key, admitted.processed(), checkpoint)
 
     def _drop_cancelled_admissions(self) -> None:
         """Forget waiting requests whose every job was cancelled; the prompt processed so
@@ -485,12 +517,12 @@ class BatchSession:
             if all(job.cancelled.is_set() for job in admitted.jobs):
                 self._admitted.remove(admitted)
                 if admitted.hit.cached_tokens < len(admitted.processed()):
-                    self._cache.store(self._key, admitted.processed(), admitted.hit.cache)
+                    self._cache.store(admitted.key, admitted.processed(), admitted.hit.cache)
 
     def _fresh(self) -> list[Any]:
         return _fresh_caches(self._model, self._loaded, self._head)
 
-    def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit) -> None:
+    def _insert(self, job: GenerationJob, cache: list[Any], hit: CacheHit, key: str) -> None:
         tokenizer = self._loaded.tokenizer
         params = job.params
         rest = job.prompt[len(job.prompt) - len(hit.rest) :]  # real tokens, not image keys
@@ -505,13 +537,14 @@ class BatchSession:
             logits_processors=[build_logits_processors(params)],
         )
         output = SequenceOutput(job, tokenizer, hit)
-        self._sequences[uid] = _Sequence(job, output)
+        self._sequences[uid] = _Sequence(job, output, key)
 
     def _remove(self, uids: list[int], keep_cache: bool) -> None:
         if not uids:
             return
         caches = self._generator.remove(uids, return_prompt_caches=keep_cache)
         for uid, (cache, tokens) in caches.items():
-            self._cache.store(self._key, self._sequences[uid].key_tokens(tokens), cache)
+            sequence = self._sequences[uid]
+            self._cache.store(sequence.key, sequence.key_tokens(tokens), cache)
         for uid in uids:
             del self._sequences[uid]

@@ -79,6 +79,7 @@ class GenerationJob:
     # prompt lengths where a cache that cannot be trimmed back is kept on the way (the end
     # of the system prompt and tools, which new conversations share)
     checkpoints: tuple[int, ...] = ()
+    adapter: str | None = None  # the adapter its rows run under (a served name), if any
     events: queue.Queue = field(default_factory=queue.Queue)
     # What the generation loop reads. Where several ranks run the loop in lockstep, a
     # cancellation is only requested here and takes effect at the loop step the worker

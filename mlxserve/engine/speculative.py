@@ -37,7 +37,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlxserve.compat import GenerationBatchAdapter, install_generation_batch
-from mlxserve.engine.vision_rows import RopeDeltas
+from mlxserve.engine.row_entry import RowEntry
 from mlxserve.values import int_rows
 
 NGRAM_SIZES = (4, 3, 2)  # the context's last n tokens looked up, longest first
@@ -414,9 +414,9 @@ def _recurrent_states(caches: list[Any]) -> list[list[Any]]:
 def can_roll_back(caches: list[Any]) -> bool:
     """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed;
     recurrent states are taken again from where the pass began (see `_replay`); a vision
-    row's RoPE delta holds no positions. (A vision model's recurrent states are
-    mlx-vlm's, whose layers pad a replay their own way: they do not draft.)"""
-    return all(type(c) in (KVCache, ArraysCache, RopeDeltas) for c in caches)
+    row's RoPE delta and a row's adapter hold no positions. (A vision model's recurrent
+    states are mlx-vlm's, whose layers pad a replay their own way: they do not draft.)"""
+    return all(type(c) in (KVCache, ArraysCache) or isinstance(c, RowEntry) for c in caches)
 
 
 def per_position(processors) -> bool:

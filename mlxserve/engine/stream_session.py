@@ -16,7 +16,7 @@ from mlxserve.engine.single import SingleRun, generate_single
 from mlxserve.engine.speculative import SpeculationCounts
 from mlxserve.engine.vision import generate_vision
 from mlxserve.models.provider import LoadedModel, ModelSpec
-from mlxserve.protocol.errors import internal_error
+from mlxserve.protocol.errors import bad_request, internal_error
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,14 @@ class StreamSession:
         return 0  # not measured: one sequence at a time
 
     def admit(self, job: GenerationJob) -> None:
+        if job.adapter is not None:
+            raise bad_request(
+                f"{self.spec.path.name} runs one request at a time (a draft model beside "
+                "caches that cannot drop its drafts); adapters are served in the continuous "
+                "batch: serve it without --draft-model to use them.",
+                param="model",
+                code="adapter_invalid",
+            )
         self._queue.append(job)
 
     def step(self) -> None:

@@ -40,17 +40,15 @@ from mlx_vlm.models import cache as vlm_cache
 
 from mlxserve.compat import register_cache_class
 from mlxserve.engine.jobs import GenerationJob
+from mlxserve.engine.row_entry import RowEntry
 
 
-class RopeDeltas:
-    """Each row's RoPE delta (its next position minus its token count), shaped [rows, 1],
-    as a cache entry: mlx-lm's batch merges, filters, extends and extracts it with the
-    row's attention caches. It holds no positions, so trimming changes nothing."""
+class RopeDeltas(RowEntry):
+    """Each row's RoPE delta (its next position minus its token count), shaped [rows, 1]."""
 
     def __init__(self, deltas: mx.array | None = None):
         self.deltas = deltas if deltas is not None else mx.zeros((1, 1), dtype=mx.int32)
 
-    # mlx-lm's cache protocol (what its batch and its save/load call)
     @property
     def state(self) -> list[mx.array]:
         return [self.deltas]
@@ -58,14 +56,6 @@ class RopeDeltas:
     @state.setter
     def state(self, value: list[mx.array]) -> None:
         (self.deltas,) = value
-
-    @property
-    def meta_state(self) -> str:
-        return ""
-
-    @meta_state.setter
-    def meta_state(self, value: str) -> None:
-        pass
 
     @classmethod
     def from_state(cls, state: list[mx.array], meta_state: Any = None) -> RopeDeltas:
@@ -83,24 +73,6 @@ class RopeDeltas:
 
     def extract(self, idx: int) -> RopeDeltas:
         return RopeDeltas(self.deltas[idx : idx + 1])
-
-    def prepare(self, **kwargs: Any) -> None:
-        pass
-
-    def finalize(self) -> None:
-        pass
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        return n
-
-    def size(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return False
 
     @property
     def nbytes(self) -> int:

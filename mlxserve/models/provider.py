@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from mlxserve.adapters.folder import AdapterError, adapter_files
+from mlxserve.adapters.layers import ModelAdapters
+from mlxserve.adapters.registry import AdapterRegistry, DeclaredAdapter
 from mlxserve.config import ModelSettings, ServerConfig
 from mlxserve.models.capabilities import is_text_model, loads_as_text, trained_context
 from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
@@ -26,7 +29,7 @@ from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
 from mlxserve.mtp.eagle3 import Eagle3Drafter, drafter_kind
 from mlxserve.mtp.load import load_head
-from mlxserve.protocol.errors import ServiceError, bad_request, not_found
+from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found
 from mlxserve.units import GB, format_bytes
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,9 @@ class LoadedModel:
     # A drafter that reads the model's hidden states: the checkpoint's MTP head
     # (mtp.head.MTPHead) or an EAGLE-3 --draft-model (mtp.eagle3.Eagle3Drafter)
     head: Any | None = None
+    # The adapters resident in a text model (rows of one batch each under their own);
+    # None where a model takes none (other kinds, --adapter-path, across machines)
+    adapters: ModelAdapters | None = None
 
 
 def _is_inside(path: Path, root: Path) -> bool:
@@ -149,6 +155,12 @@ class ModelProvider:
             self.served[settings.served_name] = spec
             self._settings[spec] = settings
         self.default = next(iter(self.served.values()))
+        self.adapters = AdapterRegistry()
+        for option in config.lora:
+            try:
+                self.declare_adapter(option.name, str(option.path), option.model)
+            except ServiceError as e:
+                raise SystemExit(f"mlxserve: --lora {option.name}: {e.message}") from None
         converted = [converted_root()] if config.cached_models else []
         self._model_dirs = [d.expanduser().resolve() for d in [*config.model_dirs, *converted]]
         self._tokenizers: dict[Path, Any] = {}
@@ -162,10 +174,14 @@ class ModelProvider:
     # HTTP threads ---------------------------------------------------------------------
 
     def resolve(self, requested: str | None) -> ModelSpec:
-        """The spec for a request's `model`, or a 404 if this server may not serve it."""
+        """The spec for a request's `model` (an adapter's: its base model's), or a 404 if
+        this server may not serve it."""
         requested = self.unalias(requested)
         if not requested or requested == "default":
             return self.default
+        adapter = self.adapters.get(requested)
+        if adapter is not None:
+            return self.served[adapter.base]
         for name, spec in self.served.items():
             if requested in (name, str(spec.path)) or (
                 is_demo_name(requested) and is_demo_name(name)
@@ -184,6 +200,73 @@ class ModelProvider:
             if path == spec.path:
                 return spec
         return self._spec(path)
+
+    def adapter(self, requested: str | None) -> DeclaredAdapter | None:
+        """The adapter a request's `model` names, if it names one."""
+        return self.adapters.get(self.unalias(requested))
+
+    def declare_adapter(self, name: str, path: str, model: str | None) -> DeclaredAdapter:
+        """Serve the adapter folder `path` as `name` on the served model `model` (None: the
+        default): its folder is checked here (its fit to the model when it is loaded);
+        a 400 naming the field otherwise, a 409 for a name taken by another."""
+        base = model or next(iter(self.served))
+        if base not in self.served:
+            served = ", ".join(self.served)
+            raise bad_request(
+                f"An adapter applies to a served model ({served}), not '{base}'.", param="model"
+            )
+        spec = self.served[base]
+        if spec.kind != "chat" or spec.adapter_path:
+            why = (
+                "--adapter-path applies one already"
+                if spec.adapter_path
+                else f"it is a {spec.kind} model"
+            )
+            raise bad_request(
+                f"{base} does not take adapters ({why}); they are served on text models.",
+                param="model",
+                code="adapter_invalid",
+            )
+        folder = Path(path).expanduser().resolve()
+        try:
+            adapter_files(folder)
+        except AdapterError as e:
+            raise bad_request(
+                f"The adapter folder cannot be served: {e}.", "path", "adapter_invalid"
+            ) from e
+        taken = self.adapters.get(name)
+        if name in self.served or (
+            taken is not None and taken != DeclaredAdapter(name, folder, base)
+        ):
+            raise ServiceError(
+                ErrorKind.CONFLICT,
+                f"The name '{name}' is already served"
+                + (f" (an adapter from {taken.path})" if taken else " (a model)")
+                + "; unload it first, or choose another name.",
+                param="name",
+                code="name_taken",
+            )
+        declared = DeclaredAdapter(name, folder, base)
+        self.adapters.declare(declared)
+        return declared
+
+    def adapter_entry(self, adapter: DeclaredAdapter) -> dict:
+        """An adapter as /v1/models lists it: its base's entry, as `kind: "adapter"`
+        with the `base` it runs on."""
+        base = self.served[adapter.base]
+        loaded = next((m for m in self.resident if m.spec == base), None)
+        held = loaded.adapters.resident if loaded is not None and loaded.adapters else []
+        resident = next((r for r in held if r.name == adapter.name), None)
+        size = sum(f.stat().st_size for f in adapter.path.glob("*.safetensors"))
+        return {
+            **self.model_entry(adapter.name, base),
+            "kind": "adapter",
+            "base": adapter.base,
+            "state": "loaded" if resident is not None else "not-loaded",
+            "pinned": self.adapters.pinned(adapter.name),
+            "size_bytes": size,
+            "memory_bytes": resident.nbytes if resident is not None else 0,
+        }
 
     def _spec(self, path: Path, adapter: str | None = None, draft: Path | None = None) -> ModelSpec:
         as_text = self.config.text_only and loads_as_text(path)
@@ -374,7 +457,10 @@ class ModelProvider:
             raise
         except Exception as e:
             raise _load_error(spec, e) from e
-        loaded = LoadedModel(spec, model, tokenizer, draft, _weight_bytes(model, draft, head), head)
+        nbytes = _weight_bytes(model, draft, head)
+        takes_adapters = spec.kind == "chat" and not spec.adapter_path and self._split is None
+        adapters = ModelAdapters(model) if takes_adapters else None
+        loaded = LoadedModel(spec, model, tokenizer, draft, nbytes, head, adapters)
         log.info(
             "Loaded %s in %.1fs (peak memory %s, active %s)",
             spec.path,

@@ -139,6 +139,9 @@ class GenerationRequest:
     """What chat and text completions share."""
 
     model: str | None = None
+    # An adapter named apart from the model (mlx_lm.server's `adapters`): a served
+    # adapter's name or folder; the model then names its base, or nothing
+    adapter: str | None = None
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None  # None: the server's default, clipped to the context
     max_tokens_param: str = "max_tokens"

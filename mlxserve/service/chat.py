@@ -27,7 +27,7 @@ from mlxserve.postprocess.output import (
     reasoning_markers,
 )
 from mlxserve.postprocess.reasoning import starts_in_reasoning
-from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, unavailable
+from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, not_found, unavailable
 from mlxserve.protocol.request import (
     ChatRequest,
     CompletionRequest,
@@ -57,6 +57,7 @@ class Prepared:
     images: PromptImages | None = None
     checkpoints: tuple[int, ...] = ()  # see GenerationJob
     context_length: int | None = None  # the model's: a choice that fills it says so
+    adapter: str | None = None  # the adapter it runs under (a served name), if any
 
 
 @dataclass
@@ -70,6 +71,7 @@ class ChatService:
         """`reasoning_format` overrides --reasoning-format (a dialect with reasoning
         blocks of its own always wants them separate)."""
         spec, tokenizer = self.generator(request.model)
+        adapter = self._adapter(request, spec)
         if request.drop_oldest_to_fit:
             request = self._within_text_bound(spec, tokenizer, request)
         self._check_text(spec, tokenizer, request.text_length, request.messages_param)
@@ -118,6 +120,7 @@ class ChatService:
             images,
             checkpoints,
             self.provider.context_length(spec),
+            adapter,
         )
 
     def prompt_tokens(self, request: ChatRequest) -> int:
@@ -148,10 +151,19 @@ class ChatService:
         return self.provider.tokenizer(spec).convert_ids_to_tokens(tokens)
 
     def models(self) -> list[dict]:
-        """Every servable model (the --model ones first) with its capabilities."""
-        return [
-            {**self.provider.model_entry(name, spec), "capabilities": self._capabilities(spec)}
-            for name, spec in self.provider.listed().items()
+        """Every servable model (the --model ones first) with its capabilities, then the
+        adapters (with their base's)."""
+        provider = self.provider
+        models = [
+            {**provider.model_entry(name, spec), "capabilities": self._capabilities(spec)}
+            for name, spec in provider.listed().items()
+        ]
+        return models + [
+            {
+                **provider.adapter_entry(adapter),
+                "capabilities": self._capabilities(provider.served[adapter.base]),
+            }
+            for adapter in provider.adapters.all()
         ]
 
     def _capabilities(self, spec: ModelSpec) -> dict:
@@ -195,6 +207,7 @@ class ChatService:
             TokenTexts(tokenizer),
             lambda _: TextOutput(),
             context_length=self.provider.context_length(spec),
+            adapter=self._adapter(request, spec),
         )
 
     def run(self, prepared: Prepared, client_gone: Callable[[], bool]) -> GenerationRun:
@@ -219,6 +232,7 @@ class ChatService:
             prepared.make_output,
             prepared.texts,
             prepared.context_length,
+            prepared.adapter,
         )
 
     def _fit(
@@ -280,6 +294,13 @@ class ChatService:
     def embed(
         self, request: EmbeddingRequest, client_gone: Callable[[], bool] = lambda: False
     ) -> tuple[ModelSpec, Embeddings]:
+        if self.provider.adapter(request.model) is not None:
+            raise bad_request(
+                f"'{request.model}' is an adapter: adapters apply to generation, not to "
+                "embeddings.",
+                param="model",
+                code="model_not_embedding",
+            )
         spec = self.resolve_kind(
             request.model, "embedding", "it does not compute embeddings", "model_not_embedding"
         )
@@ -306,6 +327,30 @@ class ChatService:
             )
         return spec, self.provider.tokenizer(spec)
 
+    def _adapter(self, request: GenerationRequest, spec: ModelSpec) -> str | None:
+        """The served adapter a request runs under: its `model`'s, or the one its
+        `adapter` field names (by name or folder, on the model it names); None: the
+        base."""
+        named = self.provider.adapter(request.model)
+        if request.adapter is None:
+            return named.name if named is not None else None
+        adapters = self.provider.adapters
+        chosen = adapters.get(request.adapter) or adapters.by_path(request.adapter)
+        if chosen is None:
+            raise not_found(
+                f"No adapter '{request.adapter}' is served (load one with --lora or "
+                "POST /v1/adapters/load; /v1/models lists them).",
+                param="adapters",
+                code="adapter_not_found",
+            )
+        if self.provider.served[chosen.base] != spec or (named and named != chosen):
+            raise bad_request(
+                f"The adapter '{chosen.name}' runs on {chosen.base}, not on the model "
+                f"'{request.model}' this request names.",
+                param="adapters",
+            )
+        return chosen.name
+
     def model(self, requested: str | None):
         """The spec and tokenizer of the model a request names (404 if not servable)."""
         spec = self.resolve(requested)
@@ -329,7 +374,8 @@ class ChatService:
             raise unavailable("The generation thread is not running.")
         spec = self.provider.resolve(requested)
         if (record := current_request()) is not None:
-            record.model = self.provider.name(spec)
+            adapter = self.provider.adapter(requested)
+            record.model = adapter.name if adapter is not None else self.provider.name(spec)
         return spec
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):

@@ -65,8 +65,11 @@ class GenerationRun:
         make_output: Callable[[list[int]], Any],
         texts: TokenTexts,
         context_length: int | None = None,
+        adapter: str | None = None,
     ):
+        """`adapter`: the adapter every choice runs under, if any."""
         self._worker = worker
+        self._adapter = adapter
         self._texts = texts
         self._context_length = context_length
         self._spec = spec
@@ -157,6 +160,7 @@ class GenerationRun:
                 plan.index,
                 images=plan.images,
                 checkpoints=plan.checkpoints,
+                adapter=self._adapter,
                 events=events,
             )
             for plan in self._plans

@@ -7,6 +7,8 @@ from typing import Any
 
 from mlxserve.api.openai.errors import error_body
 from mlxserve.api.openai.requests import (
+    AdapterLoad,
+    AdapterUnload,
     ChatRequest,
     CompletionRequest,
     ModelRequest,
@@ -19,6 +21,7 @@ from mlxserve.api.responder import Responder
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.protocol.errors import not_found
+from mlxserve.service.adapters import free_adapter, load_adapter, remove_adapter
 from mlxserve.service.chat import ChatService, Prepared
 from mlxserve.service.run import Step
 
@@ -51,28 +54,66 @@ class OpenAIEndpoints:
         )
 
     def load_model(self, raw: bytes, responder: Responder) -> dict:
-        """POST /v1/models/load: make a model resident now."""
+        """POST /v1/models/load: make a model (or an adapter) resident now."""
         name = parse(ModelRequest, raw).model
-        spec = self.service.provider.resolve(name)
-        self.service.worker.call(lambda: self.service.worker.load(spec))
+        provider, worker = self.service.provider, self.service.worker
+        spec = provider.resolve(name)
+        adapter = provider.adapter(name)
+        if adapter is not None:
+            worker.call(lambda: worker.admission.adapters.ready(spec, adapter.name))
+        else:
+            worker.call(lambda: worker.load(spec))
         return self._state(name)
 
     def unload_model(self, raw: bytes, responder: Responder) -> dict:
-        """POST /v1/models/unload: free a model's memory now (a 409 while it is busy)."""
+        """POST /v1/models/unload: free a model's (or an adapter's) memory now (a 409
+        while it is busy)."""
         name = parse(ModelRequest, raw).model
-        spec = self.service.provider.resolve(name)
-        self.service.worker.call(lambda: self.service.worker.unload(spec))
+        provider, worker = self.service.provider, self.service.worker
+        spec = provider.resolve(name)
+        adapter = provider.adapter(name)
+        if adapter is not None:
+            free_adapter(provider, worker, adapter.name)
+        else:
+            worker.call(lambda: worker.unload(spec))
         return self._state(name)
 
     def pin_model(self, raw: bytes, responder: Responder) -> dict:
-        """POST /v1/models/pin: keep a model resident (or let it go again) whatever
-        --pin said."""
+        """POST /v1/models/pin: keep a model (or an adapter) resident, or let it go
+        again, whatever --pin said."""
         wire = parse(PinRequest, raw)
-        self.service.provider.pin(self.service.provider.resolve(wire.model), wire.pinned)
+        provider = self.service.provider
+        adapter = provider.adapter(wire.model)
+        if adapter is not None:
+            provider.adapters.pin(adapter.name, wire.pinned)
+        else:
+            provider.pin(provider.resolve(wire.model), wire.pinned)
         return self._state(wire.model)
+
+    def load_adapter(self, raw: bytes, responder: Responder) -> dict:
+        """POST /v1/adapters/load: serve a new adapter, resident now (its /v1/models
+        entry)."""
+        wire = parse(AdapterLoad, raw)
+        load_adapter(self.service.provider, self.service.worker, wire.name, wire.path, wire.model)
+        return self.model(wire.name)
+
+    def unload_adapter(self, raw: bytes, responder: Responder) -> dict:
+        """POST /v1/adapters/unload: stop serving an adapter."""
+        name = parse(AdapterUnload, raw).name
+        remove_adapter(self.service.provider, self.service.worker, name)
+        return {"id": name, "object": "model", "deleted": True}
 
     def _state(self, name: str) -> dict:
         provider = self.service.provider
+        adapter = provider.adapter(name)
+        if adapter is not None:
+            entry = provider.adapter_entry(adapter)
+            return {
+                "id": name,
+                "object": "model",
+                "state": entry["state"],
+                "pinned": entry["pinned"],
+            }
         spec = provider.resolve(name)
         loaded = any(m.spec == spec for m in provider.resident)
         state = "loaded" if loaded else "not-loaded"

@@ -139,6 +139,8 @@ class GenerationRequest(Guided):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
+    # mlx_lm.server's per-request adapter: a served adapter's folder (or its name)
+    adapters: Annotated[str, Field(min_length=1)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -272,6 +274,21 @@ class PinRequest(ModelRequest):
     pinned: bool = True
 
 
+class AdapterLoad(_Strict):
+    """The body of /v1/adapters/load: serve the adapter folder `path` as `name`, on the
+    served model `model` (default: the first)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    path: Annotated[str, Field(min_length=1)]
+    model: Annotated[str, Field(min_length=1)] | None = None
+
+
+class AdapterUnload(_Strict):
+    """The body of /v1/adapters/unload: stop serving the adapter `name`."""
+
+    name: Annotated[str, Field(min_length=1)]
+
+
 # Translation into the neutral requests ------------------------------------------------
 
 
@@ -303,6 +320,7 @@ def completion_request(wire: CompletionRequest) -> neutral.CompletionRequest:
 def _generation_fields(wire: ChatRequest | CompletionRequest, max_tokens: int | None) -> dict:
     return {
         "model": wire.model,
+        "adapter": wire.adapters,
         "sampling": neutral.Sampling(
             temperature=wire.temperature,
             top_p=wire.top_p,

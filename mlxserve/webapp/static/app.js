@@ -110,7 +110,8 @@ async function refresh() {
 
 // ---------------------------------------------------------------------------- chat
 
-const CHAT_KINDS = ["chat", "vision"]; // the kinds that answer /v1/chat/completions
+// the kinds that answer /v1/chat/completions (an adapter: its base model, adapted)
+const CHAT_KINDS = ["chat", "vision", "adapter"];
 
 function chatModels() {
   return state.models.filter((m) => CHAT_KINDS.includes(m.kind));
@@ -343,9 +344,11 @@ function modelRow(model) {
   if (loaded) action("Unload", "/v1/models/unload", { model: model.id });
   else action("Load", "/v1/models/load", { model: model.id });
   action(model.pinned ? "Unpin" : "Pin", "/v1/models/pin", { model: model.id, pinned: !model.pinned });
+  if (model.kind === "adapter") action("Remove", "/v1/adapters/unload", { name: model.id });
+  const kind = model.kind === "adapter" ? `adapter on ${model.base}` : model.kind;
   const row = el("tr", {},
     el("td", { textContent: model.id }),
-    el("td", { textContent: model.kind }),
+    el("td", { textContent: kind }),
     el("td", { textContent: model.context_length ? model.context_length.toLocaleString() : "—" }),
     el("td", { textContent: formatBytes(model.size_bytes) }),
     el("td", { className: "state", textContent: loaded ? `yes (${formatBytes(model.memory_bytes)})` : "no" }),
@@ -358,6 +361,20 @@ function modelRow(model) {
 function renderModels(status) {
   renderMemory(status.memory);
   $("models-table").tBodies[0].replaceChildren(...status.models.map(modelRow));
+  const base = $("adapter-base");
+  const chosen = base.value;
+  base.replaceChildren(...status.models.filter((m) => m.kind === "chat").map((m) => el("option", {
+    value: m.id, textContent: m.id, selected: m.id === chosen,
+  })));
+}
+
+async function loadAdapter(event) {
+  event.preventDefault();
+  const button = $("adapter-form").querySelector("button");
+  const body = { name: $("adapter-name").value.trim(), path: $("adapter-path").value.trim() };
+  if ($("adapter-base").value) body.model = $("adapter-base").value;
+  await modelAction("/v1/adapters/load", body, button);
+  button.textContent = "Load adapter";
 }
 
 // ---------------------------------------------------------------------------- status
@@ -383,6 +400,7 @@ function renderStatus(status) {
 function start() {
   for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showPage(tab.dataset.page));
   $("chat-form").addEventListener("submit", send);
+  $("adapter-form").addEventListener("submit", loadAdapter);
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) send(event);
   });
