@@ -27,6 +27,11 @@ def ready_screen(origin: str, service: ChatService, api_key: bool) -> str:
         parts = [spec.kind, f"{context:,} tokens of context" if context else "context unknown"]
         parts.append(f"{format_bytes(in_memory.get(spec, 0))} in memory")
         lines.append(f"  {'Models' if i == 0 else '':<9} {name}: {', '.join(parts)}")
+    by_base: dict[str, list[str]] = {}
+    for adapter in provider.adapters.all():
+        by_base.setdefault(adapter.base, []).append(adapter.name)
+    for i, (base, names_on_base) in enumerate(by_base.items()):
+        lines.append(f"  {'Adapters' if i == 0 else '':<9} {', '.join(names_on_base)} (on {base})")
     budget = worker.memory_budget
     lines.append(
         f"  Memory    budget {format_bytes(budget)}" if budget else "  Memory    no budget"

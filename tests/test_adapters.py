@@ -268,18 +268,33 @@ def test_mlx_lm_servers_adapters_field(adapter_server, adapters):
     assert_error(adapter_server.post(CHAT, {**body, "model": "pirate"}), 400, "adapters")
 
 
-def test_speculation_and_structured_output_under_an_adapter(launch, tiny_model, adapters):
-    """Prompt-lookup drafts verified by adapter rows change nothing; a JSON schema
-    constrains an adapter row as any other."""
+@pytest.mark.parametrize("drafter", ["lookup", "draft-model"])
+def test_drafted_rows_under_an_adapter(launch, tiny_model, adapters, drafter):
+    """Prompt-lookup drafts, or a draft model's (drafting from the base), verified by
+    adapter rows beside base rows: the tokens and logprobs of mlx-lm alone."""
     end = end_tokens(tiny_model)
-    srv = launch(tiny_model, "--speculation", "on", *lora_flags(adapters))
-    expected = library(tiny_model, adapters / "formal", end)
-    with ThreadPoolExecutor(6) as pool:
-        got = list(
-            pool.map(lambda i: chat_row(srv, "formal", QUESTIONS[i % 3], end, i % 2 == 0), range(6))
-        )
-    for i, row in enumerate(got):
-        assert same(row, expected[i % 3]), (i, row, expected[i % 3])
+    flags = ["--speculation", "on"] if drafter == "lookup" else ["--draft-model", str(tiny_model)]
+    srv = launch(tiny_model, *flags, *lora_flags(adapters))
+    names = ["formal", "pirate", "default"]
+    expected = {
+        name: library(tiny_model, adapters / name if name != "default" else None, end)
+        for name in names
+    }
+    rows = [(name, i) for name in names for i in range(len(QUESTIONS))]
+    with ThreadPoolExecutor(len(rows)) as pool:
+        got = list(pool.map(lambda r: chat_row(srv, r[0], QUESTIONS[r[1]], end, r[1] == 0), rows))
+    for (name, i), row in zip(rows, got, strict=True):
+        assert same(row, expected[name][i]), (name, i, row, expected[name][i])
+    _, _, metrics = srv.get("/metrics")
+    drafted = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("mlxserve_speculative_drafted_tokens_total{")
+    ]
+    assert drafted and sum(drafted) > 0  # the rows did draft
+
+
+def test_structured_output_under_an_adapter(adapter_server):
     schema = {
         "type": "object",
         "properties": {"answer": {"type": "string", "maxLength": 20}},
@@ -292,7 +307,7 @@ def test_speculation_and_structured_output_under_an_adapter(launch, tiny_model, 
         "max_tokens": 60,
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
     }
-    status, _, reply = srv.post(CHAT, body)
+    status, _, reply = adapter_server.post(CHAT, body)
     assert status == 200, reply
     assert set(json.loads(reply["choices"][0]["message"]["content"])) == {"answer"}
 

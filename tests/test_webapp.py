@@ -158,6 +158,26 @@ def test_unload_and_reload_from_the_models_page(page, app, vision_model):
     expect(page.locator("#memory-legend")).to_contain_text(f"budget {budget}")
 
 
+def test_an_adapter_served_from_the_models_page_answers_in_the_chat(page, app, adapters):
+    """The Models page's form serves an adapter; the picker offers it and it answers as it
+    was trained to; Remove stops serving it."""
+    sign_in(page, app)
+    page.click("button[data-page=models]")
+    page.fill("#adapter-name", "terse")
+    page.fill("#adapter-path", str(adapters / "terse"))
+    page.click("#adapter-form button[type=submit]")
+    row = page.locator('#models-table tr[data-model="terse"]')
+    expect(row).to_contain_text("adapter on", timeout=ANSWER_SECONDS)
+    expect(row.locator(".state")).to_contain_text("yes")
+    page.click("button[data-page=chat]")
+    chat(page, Path("terse"), "What is the capital of France?")
+    expect(page.locator(".message.assistant .content")).to_have_text("Paris.")
+    page.click("button[data-page=models]")
+    row.locator("button[data-action=remove]").click()
+    expect(row).to_have_count(0, timeout=ANSWER_SECONDS)
+    expect(page.locator('#model-select option[value="terse"]')).to_have_count(0)
+
+
 def test_the_status_page_lists_recent_requests(page, app, tiny_model):
     sign_in(page, app)
     chat(page, tiny_model, "Hello!")

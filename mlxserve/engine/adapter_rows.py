@@ -61,7 +61,7 @@ class AdapterRows(RowEntry):
 
     @property
     def nbytes(self) -> int:
-        return 4 * len(self.slots)
+        return 0  # a Python list: no MLX memory (its array exists only to be saved)
 
 
 register_cache_class(AdapterRows)  # the disk tier reads rows back by class name

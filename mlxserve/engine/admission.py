@@ -82,12 +82,14 @@ class Admission:
         cache: PromptCache,
         residency: Residency,
         touch: Callable[[ModelSpec], None],
+        adapters: AdapterResidency | None = None,
     ):
-        """`touch`: note that a model was just used (it is unloaded last)."""
+        """`touch`: note that a model was just used (it is unloaded last); `adapters`:
+        makes the adapters a request names resident before it starts."""
         self.budget = budget  # None: unbounded
         self._cache = cache
         self._residency = residency
-        self.adapters = AdapterResidency(residency.provider, residency, budget, self.adapter_in_use)
+        self._adapters = adapters
         self._touch = touch
         self.pending: deque[list[GenerationJob]] = deque()  # requests, in order
         self.starting: list[GenerationJob] = []  # jobs being admitted now
@@ -157,7 +159,8 @@ class Admission:
         if session is None or not session.fits(jobs, self.kv_room(session)):
             return False
         for adapter in {job.adapter for job in jobs if job.adapter is not None}:
-            self.adapters.ready(spec, adapter)
+            if self._adapters is not None:
+                self._adapters.ready(spec, adapter)
         self.starting = jobs
         try:
             for job in jobs:

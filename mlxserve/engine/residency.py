@@ -48,10 +48,6 @@ class Residency:
         self._loads = BackgroundLoads(provider.read, wake)
         self.sessions: dict[ModelSpec, Session] = {}
 
-    @property
-    def provider(self) -> ModelProvider:
-        return self._provider
-
     def open_sessions(self) -> list[Session]:
         """Every open session (a snapshot: the status endpoints read it from any thread)."""
         return list(self.sessions.values())

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from mlxserve.engine.adapter_residency import AdapterResidency
 from mlxserve.engine.admission import SHUTTING_DOWN, Admission, Capacity, answer
 from mlxserve.engine.batch import BatchLimits
 from mlxserve.engine.intake import Call, Intake, Stop, Submitted, Wake
@@ -86,7 +87,15 @@ class GenerationWorker:
             in_background=lockstep is None,
             only=provider.default if lockstep is not None else None,
         )
-        self._admission = Admission(memory_budget, cache, self._residency, provider.touch)
+        self._adapters = AdapterResidency(
+            provider,
+            self._residency,
+            memory_budget,
+            lambda name: self._admission.adapter_in_use(name),
+        )
+        self._admission = Admission(
+            memory_budget, cache, self._residency, provider.touch, self._adapters
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -115,6 +124,11 @@ class GenerationWorker:
     def residency(self) -> Residency:
         """Which models are in memory, and their sessions (residency.py)."""
         return self._residency
+
+    @property
+    def adapters(self) -> AdapterResidency:
+        """Which adapters are in their models' memory (adapter_residency.py)."""
+        return self._adapters
 
     @property
     def admission(self) -> Admission:

@@ -18,7 +18,7 @@ def load_adapter(
     declared = provider.declare_adapter(name, path, model)
     spec = provider.served[declared.base]
     try:
-        worker.call(lambda: worker.admission.adapters.ready(spec, name))
+        worker.call(lambda: worker.adapters.ready(spec, name))
     except ServiceError as e:
         if not known:
             provider.adapters.forget(name)
@@ -33,7 +33,7 @@ def free_adapter(provider: ModelProvider, worker: GenerationWorker, name: str) -
     while requests use it."""
     adapter = served_adapter(provider, name)
     spec = provider.served[adapter.base]
-    worker.call(lambda: worker.admission.adapters.unload(spec, name))
+    worker.call(lambda: worker.adapters.unload(spec, name))
 
 
 def remove_adapter(provider: ModelProvider, worker: GenerationWorker, name: str) -> None:
@@ -42,7 +42,7 @@ def remove_adapter(provider: ModelProvider, worker: GenerationWorker, name: str)
     spec = provider.served[adapter.base]
 
     def remove() -> None:  # on the generation thread: no request is admitted meanwhile
-        worker.admission.adapters.unload(spec, name)
+        worker.adapters.unload(spec, name)
         provider.adapters.forget(name)
 
     worker.call(remove)

@@ -60,7 +60,7 @@ class OpenAIEndpoints:
         spec = provider.resolve(name)
         adapter = provider.adapter(name)
         if adapter is not None:
-            worker.call(lambda: worker.admission.adapters.ready(spec, adapter.name))
+            worker.call(lambda: worker.adapters.ready(spec, adapter.name))
         else:
             worker.call(lambda: worker.load(spec))
         return self._state(name)
