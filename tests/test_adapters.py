@@ -129,8 +129,11 @@ def chat_row(srv, model: str, question: str, end: list[int], streamed: bool) -> 
     return [e["token"] for e in entries], [e["logprob"] for e in entries]
 
 
-def completion_row(srv, model: str, question: str, end: list[int], tokenizer) -> Row:
-    """A text completion of the chat prompt as token ids: the same row as chat's."""
+def completion_row(
+    srv, model: str, question: str, end: list[int], tokenizer, streamed: bool
+) -> Row:
+    """A text completion of the chat prompt as token ids (the same row as chat's), streamed
+    or not."""
     prompt = tokenizer.apply_chat_template(
         messages(question), add_generation_prompt=True, return_dict=False
     )
@@ -142,6 +145,15 @@ def completion_row(srv, model: str, question: str, end: list[int], tokenizer) ->
         "logprobs": 0,
         "temperature": 0,
     }
+    if streamed:
+        result = stream(srv.url, COMPLETIONS, {**body, "stream": True})
+        assert result.status == 200, result.lines
+        parts = [c["choices"][0]["logprobs"] for c in result.chunks if c["choices"]]
+        parts = [p for p in parts if p]
+        return (
+            [t for p in parts for t in p["tokens"]],
+            [x for p in parts for x in p["token_logprobs"]],
+        )
     status, _, reply = srv.post(COMPLETIONS, body)
     assert status == 200, reply
     logprobs = reply["choices"][0]["logprobs"]
@@ -151,7 +163,7 @@ def completion_row(srv, model: str, question: str, end: list[int], tokenizer) ->
 def test_mixed_batch_rows_equal_mlx_lm_alone(adapter_server, tiny_model, adapters):
     """The base and four adapters (LoRA twice, DoRA, PEFT's layout), three questions each:
     fifteen rows at once, half streamed, and each row's tokens and logprobs equal mlx-lm's
-    generate with that adapter alone; then through completions too."""
+    generate with that adapter alone; then through completions too (streamed and not)."""
     end = end_tokens(tiny_model)
     names = [None, *SERVED]
     expected = {
@@ -178,10 +190,15 @@ def test_mixed_batch_rows_equal_mlx_lm_alone(adapter_server, tiny_model, adapter
     with ThreadPoolExecutor(len(rows)) as pool:
         completed = list(
             pool.map(
-                lambda row: completion_row(
-                    adapter_server, row[0] or "default", QUESTIONS[row[1]], end, tokenizer
+                lambda job: completion_row(
+                    adapter_server,
+                    job[1][0] or "default",
+                    QUESTIONS[job[1][1]],
+                    end,
+                    tokenizer,
+                    job[0] % 2 == 1,
                 ),
-                rows,
+                enumerate(rows),
             )
         )
     for (name, i), got in zip(rows, completed, strict=True):
