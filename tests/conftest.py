@@ -115,6 +115,21 @@ def vision(vision_model, image_dir) -> Iterator[Server]:
     )
 
 
+@pytest.fixture(scope="module")
+def launch_module() -> Iterator:
+    """Servers shared by a module's tests, stopped at its end."""
+    started: list[Server] = []
+
+    def _launch(model, *args) -> Server:
+        srv = start_server(model, *args)
+        started.append(srv)
+        return srv
+
+    yield _launch
+    for srv in started:
+        srv.stop()
+
+
 @pytest.fixture
 def launch() -> Iterator:
     """Start extra servers with their own flags; all are stopped after the test."""

@@ -86,23 +86,6 @@ def adapter_server(launch_module, tiny_model, adapters):
     return launch_module(tiny_model, *lora_flags(adapters))
 
 
-@pytest.fixture(scope="module")
-def launch_module():
-    """Servers shared by a module's tests (stopped at its end)."""
-    from helpers.server import start_server
-
-    started = []
-
-    def _launch(model, *args):
-        srv = start_server(model, *args)
-        started.append(srv)
-        return srv
-
-    yield _launch
-    for srv in started:
-        srv.stop()
-
-
 def chat_row(srv, model: str, question: str, end: list[int], streamed: bool) -> Row:
     """A chat reply's tokens and logprobs, streamed or not."""
     body = {

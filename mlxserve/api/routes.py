@@ -10,6 +10,8 @@ from mlxserve.api.anthropic.errors import error_reply as anthropic_error
 from mlxserve.api.audio.speech import SpeechEndpoints
 from mlxserve.api.audio.transcriptions import TranscriptionEndpoints
 from mlxserve.api.errors import ErrorRenderer
+from mlxserve.api.infill.endpoints import InfillEndpoints
+from mlxserve.api.infill.errors import error_reply as llama_cpp_error
 from mlxserve.api.openai.embeddings import EmbeddingEndpoints
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
@@ -47,6 +49,7 @@ UNLOAD_PATHS = ("/v1/models/unload", "/models/unload")
 PIN_PATHS = ("/v1/models/pin", "/models/pin")
 ADAPTER_LOAD_PATHS = ("/v1/adapters/load", "/adapters/load")
 ADAPTER_UNLOAD_PATHS = ("/v1/adapters/unload", "/adapters/unload")
+INFILL_PATHS = ("/infill",)  # llama.cpp's
 METRICS_PATHS = ("/metrics",)
 STATUS_PATHS = ("/v1/status", "/status")
 GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS + STATUS_PATHS
@@ -69,6 +72,7 @@ class Routes:
     transcription: TranscriptionEndpoints = field(init=False)
     speech: SpeechEndpoints = field(init=False)
     status: StatusEndpoint = field(init=False)
+    infill: InfillEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
 
     def __post_init__(self):
@@ -81,6 +85,7 @@ class Routes:
         self.transcription = TranscriptionEndpoints(self.service)
         self.speech = SpeechEndpoints(self.service)
         self.status = StatusEndpoint(self.service, self.activity)
+        self.infill = InfillEndpoints(self.service)
         self.post = {
             **dict.fromkeys(CHAT_PATHS, self.openai.chat),
             **dict.fromkeys(COMPLETION_PATHS, self.openai.completion),
@@ -100,6 +105,7 @@ class Routes:
             **dict.fromkeys(ADAPTER_LOAD_PATHS, self.openai.load_adapter),
             **dict.fromkeys(ADAPTER_UNLOAD_PATHS, self.openai.unload_adapter),
             **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
+            **dict.fromkeys(INFILL_PATHS, self.infill.infill),
             **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }
 
@@ -133,5 +139,8 @@ class Routes:
 
     @staticmethod
     def errors(path: str) -> ErrorRenderer:
-        """Errors on Anthropic's paths in its shape; everything else in OpenAI's."""
+        """Errors on Anthropic's paths in its shape, on llama.cpp's /infill in llama.cpp's;
+        everything else in OpenAI's."""
+        if path in INFILL_PATHS:
+            return llama_cpp_error
         return anthropic_error if path in ANTHROPIC_PATHS else openai_error

@@ -358,6 +358,10 @@ class BatchSession:
                 stopped.append(r.uid)
         for uid in finished:
             del self._sequences[uid]
+        for uid, sequence in self._sequences.items():
+            if uid not in stopped and sequence.job.finish_requested.is_set():
+                sequence.output.finish("stop")
+                stopped.append(uid)
         self._remove(stopped, keep_cache=True)
         self._remove(
             [uid for uid, s in self._sequences.items() if s.job.cancelled.is_set()],

@@ -85,6 +85,9 @@ class GenerationJob:
     # cancellation is only requested here and takes effect at the loop step the worker
     # picks, the same step on every rank (see GenerationWorker).
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # The client has what it wants (an editor's time or indentation limit): the sequence
+    # ends at the next step as if it had stopped, its cache kept
+    finish_requested: threading.Event = field(default_factory=threading.Event)
     cancel_requested: threading.Event = field(default_factory=threading.Event)
     cancel_at_step: bool = False
 

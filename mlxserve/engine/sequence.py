@@ -24,8 +24,18 @@ class SequenceOutput:
         self.completion_tokens = 0
 
     def add(self, token: int, logprobs: mx.array | None, finish_reason: str | None) -> bool:
-        """Emit one token; True once a stop string completed (the text after it is dropped).
-        An end-of-sequence token (finish "stop") is not output, only what it flushes."""
+        """Emit one token; True once a stop string completed (the text after it is dropped)
+        or a stop token came. An end-of-sequence token (finish "stop") or a stop token (a
+        FIM model's end markers) is not output, only what it flushes."""
+        if token in self._job.params.stop_tokens and finish_reason != "stop":
+            self._detokenizer.finalize()
+            text, self._stopped = self._stops.feed(self._detokenizer.last_segment)
+            if not self._stopped:
+                text += self._stops.flush()
+                self._stopped = True
+            if text:
+                self._job.emit(TokenEvent(text, token))
+            return True
         if finish_reason == "stop":
             self._detokenizer.finalize()
             text, self._stopped = self._stops.feed(self._detokenizer.last_segment)

@@ -181,9 +181,30 @@ class ChatRequest(GenerationRequest):
 
 
 @dataclass(frozen=True)
+class FileChunk:
+    """Another file of the project, given as context for a fill-in-the-middle."""
+
+    filename: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Infill:
+    """Fill in the middle: each prompt is the code before the cursor, `suffix` the code
+    after it; `extra` other files of the project; `after_middle` text the middle starts
+    with (llama.cpp's `prompt`). `param` names the field that asked for it."""
+
+    suffix: str
+    extra: tuple[FileChunk, ...] = ()
+    after_middle: str = ""
+    param: str = "suffix"
+
+
+@dataclass(frozen=True)
 class CompletionRequest(GenerationRequest):
     prompts: tuple[str | tuple[int, ...], ...] = ()  # text, or token ids
     prompt_param: str = "prompt"
+    infill: Infill | None = None  # a fill-in-the-middle: the reply is the middle only
 
 
 @dataclass(frozen=True)

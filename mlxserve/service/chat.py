@@ -37,6 +37,7 @@ from mlxserve.protocol.request import (
 from mlxserve.service.checkpoints import SystemEnds
 from mlxserve.service.embeddings import Embeddings, embed, shortened, tokenized
 from mlxserve.service.grammars import chat_grammar, completion_grammar
+from mlxserve.service.infill import infill_prompts
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
@@ -193,12 +194,21 @@ class ChatService:
         for prompt in request.prompts:
             if isinstance(prompt, str):
                 self._check_text(spec, tokenizer, len(prompt), request.prompt_param)
-        prompts = encode_prompts(tokenizer, request)
+        infill, stop_tokens = request.infill, frozenset[int]()
+        if infill is None:
+            prompts = encode_prompts(tokenizer, request)
+        else:
+            context = sum(len(c.text) + len(c.filename) for c in infill.extra)
+            chars = len(infill.suffix) + len(infill.after_middle) + context
+            self._check_text(spec, tokenizer, chars, infill.param)
+            name = request.model or self.provider.name(spec)
+            prompts, stop_tokens = infill_prompts(tokenizer, request, infill, name)
         longest = max(len(p) for p in prompts)
         sequences = request.n * len(prompts)
         max_tokens = self._fit(spec, request, longest, request.prompt_param, sequences)
         grammar = _usable(completion_grammar(request, tokenizer), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
+        params = replace(params, stop_tokens=stop_tokens)
         return Prepared(
             spec,
             prompts,

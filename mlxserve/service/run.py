@@ -77,9 +77,16 @@ class GenerationRun:
         self._client_gone = client_gone
         self._make_output = make_output
         self.usage = Usage()
+        self._jobs: list[GenerationJob] = []
         self._record = current_request()  # the HTTP request this run answers, if any
         if self._record is not None:
             self._record.generated = True
+
+    def finish_early(self) -> None:
+        """End every choice at the next step as if it had stopped (its prompt cache kept);
+        its finish still comes through `steps`."""
+        for job in self._jobs:
+            job.finish_requested.set()
 
     def collect(self) -> list[Choice]:
         """Run every choice to the end; the choices in index order."""
@@ -166,6 +173,7 @@ class GenerationRun:
             for plan in self._plans
         }
         submitted = list(jobs.values())
+        self._jobs = submitted
         self._worker.submit(submitted)
         last_check = time.monotonic()
         try:

@@ -243,6 +243,19 @@ class ChatRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # Fill in the middle: the prompt is the code before the cursor, `suffix` after it
+    suffix: str | None = None
+    echo: bool = False  # not served: a 400 (the prompt is not repeated in the reply)
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value):
+        if value:
+            raise ValueError(
+                "echo is not served: the reply holds the completion only (and, with "
+                "suffix, the middle only)"
+            )
+        return value
 
     @field_validator("prompt")
     @classmethod
@@ -314,6 +327,7 @@ def completion_request(wire: CompletionRequest) -> neutral.CompletionRequest:
     return neutral.CompletionRequest(
         **_generation_fields(wire, wire.max_tokens),
         prompts=tuple(p if isinstance(p, str) else tuple(cast(list[int], p)) for p in prompts),
+        infill=neutral.Infill(wire.suffix) if wire.suffix is not None else None,
     )
 
 
