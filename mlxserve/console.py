@@ -11,8 +11,11 @@ from mlxserve.units import format_bytes
 HELLO = {"messages": [{"role": "user", "content": "Hello!"}]}
 
 
-def ready_screen(origin: str, service: ChatService, api_key: bool) -> str:
-    """`origin`: http://host:port. The first line is what scripts wait for."""
+def ready_screen(
+    origin: str, service: ChatService, api_key: bool, warning: str | None = None
+) -> str:
+    """`origin`: http://host:port; `warning`: what the operator must know (an exposed
+    server). The first line is what scripts wait for."""
     provider, worker = service.provider, service.worker
     names = list(provider.served)
     in_memory = {m.spec: m.nbytes for m in provider.resident}
@@ -36,6 +39,8 @@ def ready_screen(origin: str, service: ChatService, api_key: bool) -> str:
     lines.append(
         f"  Memory    budget {format_bytes(budget)}" if budget else "  Memory    no budget"
     )
+    if warning is not None:
+        lines.append(f"  Warning   {warning}")
     auth = ' -H "Authorization: Bearer $MLXSERVE_API_KEY"' if api_key else ""
     host_port = origin.removeprefix("http://")
     lines += [

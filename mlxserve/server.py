@@ -19,6 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxserve.api import secret
+from mlxserve.api.guards import exposure_warning
 from mlxserve.api.handler import APIHandler
 from mlxserve.api.routes import Routes
 from mlxserve.config import ServerConfig
@@ -270,7 +271,10 @@ def run(config: ServerConfig) -> None:
     # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     service = server.routes.service
-    print(ready_screen(server.origin, service, bool(config.api_key)), flush=True)
+    warning = exposure_warning(config.host, bool(config.api_key))
+    if warning is not None:
+        log.warning(warning)
+    print(ready_screen(server.origin, service, bool(config.api_key), warning), flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

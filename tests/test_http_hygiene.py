@@ -215,3 +215,24 @@ def test_an_origin_not_allowed_is_refused(launch, tiny_model):
         CHAT, BY_NAME["capital"].request, {"Origin": "https://evil.example"}
     )
     assert status == 403 and body["error"]["code"] == "origin_not_allowed"
+
+
+def test_a_server_other_machines_reach_without_a_key_says_so(launch, tiny_model, srv):
+    """Bound wider than loopback with no key: a warning on the start-up screen, in the
+    log, and in /v1/status (the web app shows it on every page); with a key, or on
+    loopback, none."""
+    exposed = launch(tiny_model, "--host", "0.0.0.0")
+    warning = (
+        "This server listens on 0.0.0.0 without an API key: anyone who can reach this "
+        "machine can use it, load and unload its models included. Give --api-key (or "
+        "MLXSERVE_API_KEY), or bind to 127.0.0.1."
+    )
+    assert f"  Warning   {warning}\n" in exposed.log
+    assert any(
+        line.rstrip().endswith(f"WARNING mlxserve.server: {warning}") for line in exposed.log
+    )
+    assert exposed.get("/v1/status")[2]["warnings"] == [warning]
+    keyed = launch(tiny_model, "--host", "0.0.0.0", "--api-key", "sk-test")
+    status = keyed.get("/v1/status", {"Authorization": "Bearer sk-test"})[2]
+    assert status["warnings"] == [] and not any("Warning" in line for line in keyed.log)
+    assert srv.get("/v1/status")[2]["warnings"] == []

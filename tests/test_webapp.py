@@ -178,6 +178,14 @@ def test_an_adapter_served_from_the_models_page_answers_in_the_chat(page, app, a
     expect(page.locator('#model-select option[value="terse"]')).to_have_count(0)
 
 
+def test_a_server_anyone_can_reach_says_so_on_every_page(page, launch, tiny_model):
+    exposed = launch(tiny_model, "--host", "0.0.0.0")
+    page.goto(exposed.url.replace("0.0.0.0", "127.0.0.1") + "/")
+    expect(page.locator("#banner")).to_contain_text("without an API key")
+    page.click("button[data-page=models]")
+    expect(page.locator("#banner")).to_contain_text("bind to 127.0.0.1")
+
+
 def test_the_status_page_lists_recent_requests(page, app, tiny_model):
     sign_in(page, app)
     chat(page, tiny_model, "Hello!")

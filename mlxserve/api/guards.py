@@ -33,6 +33,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def exposure_warning(host: str, has_key: bool) -> str | None:
+    """What to tell the operator of a server that other machines can reach with no key:
+    anyone on the network may use it, its admin endpoints included."""
+    if is_loopback(host) or has_key:
+        return None
+    return (
+        f"This server listens on {host} without an API key: anyone who can reach this "
+        "machine can use it, load and unload its models included. Give --api-key (or "
+        "MLXSERVE_API_KEY), or bind to 127.0.0.1."
+    )
+
+
 def host_allowed(header: str | None, allowed: tuple[str, ...] | None, bound_to: str) -> bool:
     """Whether the Host header names this server. `allowed`: host names, "*" for any, or
     None: loopback names for a server bound to loopback, any name for one bound wider."""

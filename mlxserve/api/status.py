@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxserve.api.guards import exposure_warning
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.activity import Activity
 
@@ -23,8 +24,11 @@ class StatusEndpoint:
                 (provider.model_entry(name, spec), spec) for name, spec in provider.listed().items()
             )
         ] + [provider.adapter_entry(adapter) for adapter in provider.adapters.all()]
+        config = self.service.config
+        warning = exposure_warning(config.host, bool(config.api_key))
         return {
             "object": "status",
+            "warnings": [warning] if warning else [],
             "default_model": next(iter(provider.served)),
             "requests": {"running": worker.running, "waiting": worker.waiting},
             "tokens_per_second": self.activity.tokens_per_second(),

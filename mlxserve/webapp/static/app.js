@@ -98,7 +98,7 @@ async function refresh() {
   try {
     const status = await api("/v1/status");
     state.models = status.models;
-    showBanner("");
+    showBanner(status.warnings.join(" ")); // an exposed server says so on every page
     renderModelPicker(status.default_model);
     if (state.page === "models") renderModels(status);
     if (state.page === "status") renderStatus(status);
