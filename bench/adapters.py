@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import models
-from harness import Reply, Target
+from harness import Reply, Target, print_medians
 
 from bench import Workload
 
@@ -74,7 +73,7 @@ def run(target: Target, w: Workload, asked: list[str | None], fields: list[dict]
     wall = max(r.finished for r in replies) - start
     return {
         "tok/s": sum(r.completion_tokens for r in replies) / wall,
-        "TTFT s": max(r.stamps[0] - start for r in replies),
+        "slowest TTFT s": max(r.stamps[0] - start for r in replies),
     }
 
 
@@ -127,11 +126,7 @@ def main() -> None:
             )
         finally:
             target.stop()
-    print(f"\n{'median over rounds':34}{'tok/s':>10}{'slowest TTFT s':>16}")
-    for name, values in rows.items():
-        tps = statistics.median(v["tok/s"] for v in values)
-        ttft = statistics.median(v["TTFT s"] for v in values)
-        print(f"  {name:32}{tps:10.1f}{ttft:16.2f}")
+    print_medians(rows, "slowest TTFT s")
 
 
 if __name__ == "__main__":

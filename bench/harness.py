@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -46,6 +47,16 @@ class Reply:
     @property
     def decode_tps(self) -> float:
         return (self.completion_tokens - 1) / (self.stamps[-1] - self.stamps[0])
+
+
+def print_medians(rows: dict[str, list[dict[str, float]]], ttft: str) -> None:
+    """Each row's median tok/s and `ttft` figure over the rounds, as a table."""
+    width = max(len(name) for name in rows) + 2
+    print(f"\n{'median over rounds':{width + 2}}{'tok/s':>10}{ttft:>16}")
+    for name, values in rows.items():
+        tps = statistics.median(v["tok/s"] for v in values)
+        first = statistics.median(v[ttft] for v in values)
+        print(f"  {name:{width}}{tps:10.1f}{first:16.2f}")
 
 
 def free_port() -> int:

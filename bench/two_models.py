@@ -20,7 +20,7 @@ import statistics
 import time
 
 import models
-from harness import Reply, Target
+from harness import Reply, Target, print_medians
 
 from bench import Workload
 
@@ -90,11 +90,7 @@ def main() -> None:
             rows["mlx_lm.server, A then B"].append(sequential(target, w, alone, alone))
         finally:
             target.stop()
-    print(f"\n{'median over rounds':26}{'tok/s':>10}{'mean TTFT s':>14}")
-    for name, values in rows.items():
-        tps = statistics.median(v["tok/s"] for v in values)
-        ttft = statistics.median(v["TTFT s"] for v in values)
-        print(f"  {name:24}{tps:10.1f}{ttft:14.2f}")
+    print_medians(rows, "TTFT s")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import openai
 import pytest
 from adapter_fixture import QUANTIZED_PIRATE, QUESTIONS, REPLIES
 from helpers.errors import assert_error
-from helpers.sse import open_stream, stream
+from helpers.sse import logprob_entries, open_stream, stream
 from transformers import AutoTokenizer
 
 CHAT = "/v1/chat/completions"
@@ -98,12 +98,7 @@ def chat_row(srv, model: str, question: str, end: list[int], streamed: bool) -> 
     if streamed:
         result = stream(srv.url, CHAT, {**body, "stream": True})
         assert result.status == 200, result.lines
-        entries = [
-            e
-            for c in result.chunks
-            if c["choices"]
-            for e in (c["choices"][0].get("logprobs") or {}).get("content") or []
-        ]
+        entries = logprob_entries(result.chunks)
     else:
         status, _, reply = srv.post(CHAT, body)
         assert status == 200, reply

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conversations import BY_NAME, VISION_CONVERSATIONS, colour_question, data_uri, square_png
 from helpers.errors import assert_error
-from helpers.sse import chat_message, open_stream, stream
+from helpers.sse import chat_message, logprob_entries, open_stream, stream
 from helpers.streams import concurrently
 from transformers import AutoTokenizer
 
@@ -45,12 +45,7 @@ def reply(srv, body: dict, streamed: bool) -> tuple[str, list[str], list[float]]
     if streamed:
         result = stream(srv.url, CHAT, {**body, "stream": True})
         assert result.status == 200, result.lines
-        entries = [
-            e
-            for c in result.chunks
-            if c["choices"]
-            for e in (c["choices"][0].get("logprobs") or {}).get("content") or []
-        ]
+        entries = logprob_entries(result.chunks)
         content = chat_message(result.chunks)["content"]
     else:
         status, _, whole = srv.post(CHAT, body)

@@ -47,6 +47,16 @@ def stream(url: str, path: str, body: dict, headers: dict | None = None) -> Stre
     return Stream(response.status, dict(response.getheaders()), lines)
 
 
+def logprob_entries(chunks: list[dict]) -> list[dict]:
+    """The logprob entries of a streamed chat reply's first choice, in order."""
+    return [
+        e
+        for c in chunks
+        if c["choices"]
+        for e in (c["choices"][0].get("logprobs") or {}).get("content") or []
+    ]
+
+
 def chat_text(chunks: list[dict]) -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 

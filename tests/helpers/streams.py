@@ -12,7 +12,7 @@ from conversations import BY_NAME
 from transformers import AutoTokenizer
 
 from helpers.server import CHAT
-from helpers.sse import chat_message, chat_text, open_stream, stream
+from helpers.sse import chat_message, chat_text, logprob_entries, open_stream, stream
 
 
 def endless(model, ends=("<|im_end|>",), **extra) -> dict:
@@ -28,7 +28,7 @@ def tokens_and_message(server, body: dict, streamed: bool) -> tuple[list[str], d
     if streamed:
         result = stream(server.url, CHAT, body)
         assert result.status == 200, result.lines
-        entries = [e for c in result.chunks if c["choices"] for e in _content(c)]
+        entries = logprob_entries(result.chunks)
         message = chat_message(result.chunks)
     else:
         status, _, reply = server.post(CHAT, body)
@@ -39,11 +39,6 @@ def tokens_and_message(server, body: dict, streamed: bool) -> tuple[list[str], d
             del call["id"]
     message.pop("refusal", None)
     return [e["token"] for e in entries], message
-
-
-def _content(chunk: dict) -> list[dict]:
-    logprobs = chunk["choices"][0].get("logprobs") or {}
-    return logprobs.get("content") or []
 
 
 def concurrently(fn, items) -> list:
