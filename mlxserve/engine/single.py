@@ -80,7 +80,7 @@ class SingleRun:
 
     def advance(self) -> bool:
         """Generate the next token and send its events; False once the job is over (a
-        finish, a stop string, or a cancellation)."""
+        finish, a stop string, a finish the client asked for, or a cancellation)."""
         if self.job.cancelled.is_set():
             return False
         try:
@@ -93,6 +93,9 @@ class SingleRun:
         self._fed.append(token)
         if self._output.add(token, logprobs, finish_reason) or finish_reason:
             self._finish(finish_reason)
+            return False
+        if self.job.finish_requested.is_set():  # the client has what it wants
+            self._finish("stop")
             return False
         return True
 
