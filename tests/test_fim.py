@@ -20,9 +20,7 @@ from transformers import AutoTokenizer
 COMPLETIONS = "/v1/completions"
 INFILL = "/infill"
 FAMILIES = ["qwen_coder_model", "codellama_model"]
-# the snippets whose middle starts with code (a SentencePiece model's reply drops a
-# leading space, as mlx-lm's detokenizer does for every reply)
-PLAIN = [0, 1]
+PLAIN = [0, 1, 2]  # the snippets without another file (2 starts with indentation)
 
 
 @pytest.fixture(scope="module")

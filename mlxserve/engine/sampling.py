@@ -30,6 +30,7 @@ class GenerationParams:
     sampling: Sampling = field(default_factory=lambda: Sampling().over(SamplingDefaults()))
     stop: tuple[str, ...] = ()
     stop_tokens: frozenset[int] = frozenset()  # tokens that end it besides EOS (FIM's ends)
+    continuation: bool = False  # the text continues the prompt: its leading space is text
     # None: no logprobs; 0: the chosen token's only; k: also the k most likely.
     logprobs: int | None = None
     grammar: Grammar | None = None  # constrained decoding: what the reply must match

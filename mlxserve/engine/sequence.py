@@ -10,6 +10,7 @@ import mlx.core as mx
 from mlxserve.engine.jobs import FinishEvent, GenerationJob, TokenEvent
 from mlxserve.engine.prompt_cache import CacheHit
 from mlxserve.engine.stops import StopMatcher
+from mlxserve.models.tokenizer import keep_leading_space
 from mlxserve.values import as_float, floats, ints
 
 
@@ -17,6 +18,8 @@ class SequenceOutput:
     def __init__(self, job: GenerationJob, tokenizer, hit: CacheHit):
         self._job = job
         self._detokenizer = tokenizer.detokenizer  # a fresh copy per sequence
+        if job.params.continuation:
+            keep_leading_space(self._detokenizer)
         self._stops = StopMatcher(list(job.params.stop))
         self._cached_tokens = hit.cached_tokens
         self._diverged_at = hit.diverged_at

@@ -6,7 +6,12 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+from mlx_lm.tokenizer_utils import (
+    BPEStreamingDetokenizer,
+    SPMStreamingDetokenizer,
+    StreamingDetokenizer,
+    TokenizerWrapper,
+)
 from mlx_lm.utils import load_tokenizer
 
 from mlxserve.compat import detokenizer_prototype, hf_tokenizer, set_detokenizer_prototype
@@ -29,6 +34,15 @@ class ExactBPEDetokenizer(BPEStreamingDetokenizer):
 
     def _maybe_trim_space(self, current_text: str) -> str:
         return current_text
+
+
+def keep_leading_space(detokenizer: StreamingDetokenizer) -> None:
+    """A continuation's text (a completion, a middle) keeps the space its first token
+    starts with: mlx-lm's SentencePiece detokenizer drops it, as HF's decode does for a
+    text of its own, which suits a chat reply but turns " a + b" after "return" into
+    "a + b". (Byte-level detokenizers keep it always: ExactBPEDetokenizer.)"""
+    if isinstance(detokenizer, SPMStreamingDetokenizer):
+        detokenizer.trim_space = False
 
 
 def load_text_tokenizer(path: Path, trust_remote_code: bool) -> TokenizerWrapper:

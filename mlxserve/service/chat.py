@@ -208,7 +208,7 @@ class ChatService:
         max_tokens = self._fit(spec, request, longest, request.prompt_param, sequences)
         grammar = _usable(completion_grammar(request, tokenizer), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
-        params = replace(params, stop_tokens=stop_tokens)
+        params = replace(params, stop_tokens=stop_tokens, continuation=True)
         return Prepared(
             spec,
             prompts,
