@@ -30,7 +30,8 @@ class GenerationParams:
     sampling: Sampling = field(default_factory=lambda: Sampling().over(SamplingDefaults()))
     stop: tuple[str, ...] = ()
     stop_tokens: frozenset[int] = frozenset()  # tokens that end it besides EOS (FIM's ends)
-    continuation: bool = False  # the text continues the prompt: its leading space is text
+    # the text continues the prompt (an unconstrained completion): its leading space is text
+    continuation: bool = False
     # None: no logprobs; 0: the chosen token's only; k: also the k most likely.
     logprobs: int | None = None
     grammar: Grammar | None = None  # constrained decoding: what the reply must match

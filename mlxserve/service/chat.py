@@ -208,7 +208,9 @@ class ChatService:
         max_tokens = self._fit(spec, request, longest, request.prompt_param, sequences)
         grammar = _usable(completion_grammar(request, tokenizer), spec)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
-        params = replace(params, stop_tokens=stop_tokens, continuation=True)
+        # A constrained completion's grammar lets a word-marking tokenizer's first token
+        # carry a space the text drops (structured/lark.after_space): it stays trimmed.
+        params = replace(params, stop_tokens=stop_tokens, continuation=grammar is None)
         return Prepared(
             spec,
             prompts,
