@@ -234,10 +234,9 @@ class ModelProvider:
             raise bad_request(
                 f"The adapter folder cannot be served: {e}.", "path", "adapter_invalid"
             ) from e
+        declared = DeclaredAdapter(name, folder, base)
         taken = self.adapters.get(name)
-        if name in self.served or (
-            taken is not None and taken != DeclaredAdapter(name, folder, base)
-        ):
+        if name in self.served or (taken is not None and taken != declared):
             raise ServiceError(
                 ErrorKind.CONFLICT,
                 f"The name '{name}' is already served"
@@ -246,7 +245,6 @@ class ModelProvider:
                 param="name",
                 code="name_taken",
             )
-        declared = DeclaredAdapter(name, folder, base)
         self.adapters.declare(declared)
         return declared
 
