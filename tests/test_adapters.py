@@ -240,6 +240,7 @@ def test_models_lists_adapters_with_their_base(adapter_server, tiny_model):
     status, _, one = adapter_server.get("/v1/models/pirate")
     assert status == 200 and one["kind"] == "adapter"
     # the status page's list (the web app's) has them too, with the memory each takes
+    ask(adapter_server, "pirate", QUESTIONS[0])  # one is read, whatever ran before
     _, _, page = adapter_server.get("/v1/status")
     shown = {m["id"]: m for m in page["models"]}
     assert shown["pirate"]["kind"] == "adapter"
