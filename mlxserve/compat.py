@@ -9,10 +9,13 @@ versions tested from above; move the bounds deliberately, with that test.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
+
+from mlxserve.values import as_int
 
 # The state of mlx-lm's GenerationBatch that the speculative batches read and write, only
 # through GenerationBatchAdapter below: the next tokens and their logprobs, started before
@@ -71,6 +74,33 @@ def install_generation_batch(generator: Any, batch: Any) -> None:
     """Make `batch` the generation batch of mlx-lm's BatchGenerator (which extends it in
     place as sequences join)."""
     generator._generation_batch = batch
+
+
+def generation_batch(generator: Any) -> GenerationBatch:
+    """The generation batch mlx-lm's BatchGenerator decodes now."""
+    return generator._generation_batch
+
+
+@dataclass(frozen=True)
+class RowState:
+    """What a row of a generation batch holds beside its caches: the token it sampled
+    last (computed, not in the caches yet) and its logprobs, its sampler and logits
+    processors."""
+
+    pending: int
+    logprobs: mx.array
+    sampler: Any
+    processors: list[Any]
+
+
+def row_state(batch: GenerationBatch, row: int) -> RowState:
+    """A row's state (of mlx-lm's batch or one of ours built on it), read between steps."""
+    return RowState(
+        as_int(batch._next_tokens[row]),
+        batch._next_logprobs[row],
+        (batch.samplers or [])[row] if batch.samplers else None,
+        list(batch.logits_processors[row] or []) if batch.logits_processors else [],
+    )
 
 
 def register_cache_class(cls: type) -> None:

@@ -134,15 +134,18 @@ class Admission:
     def admit(self) -> None:
         """Start pending requests, in order for each model: a request that does not fit
         its model's memory yet waits (and the later ones for that model with it), while
-        other models' requests go ahead."""
+        other models' requests go ahead. Idle-priority requests (batch work) come after
+        every other, and start only into free decode slots while nothing else waits; an
+        interactive request short of memory ends idle-priority jobs to make room."""
         waiting: set[ModelSpec] = set()
-        for request in list(self.pending):
+        for request in sorted(self.pending, key=lambda jobs: jobs[0].idle_priority):
             jobs = [job for job in request if not job.cancelled.is_set()]
             spec = jobs[0].spec if jobs else None
-            if spec in waiting:
+            idle = request[0].idle_priority
+            if spec in waiting or (idle and waiting):
                 continue
             try:
-                if spec is not None and not self._start(spec, jobs):
+                if spec is not None and not self._start(spec, jobs, idle):
                     waiting.add(spec)
                     continue
             except ServiceError as e:
@@ -152,11 +155,16 @@ class Admission:
                 answer(jobs, internal_error(f"Generation failed: {e}"))
             self.pending.remove(request)
 
-    def _start(self, spec: ModelSpec, jobs: list[GenerationJob]) -> bool:
+    def _start(self, spec: ModelSpec, jobs: list[GenerationJob], idle: bool) -> bool:
         """Admit a request's jobs into its model's session; False if they must wait (for
-        memory, or for their model's load)."""
+        memory, for their model's load, or, idle-priority ones, for a free slot)."""
         session = self._residency.session_when_loaded(spec)
-        if session is None or not session.fits(jobs, self.kv_room(session)):
+        if session is None or (idle and session.idle_slots < len(jobs)):
+            return False
+        if not session.fits(jobs, self.kv_room(session)):
+            if not idle:
+                for other in self._residency.open_sessions():
+                    other.preempt_idle()
             return False
         for adapter in {job.adapter for job in jobs if job.adapter is not None}:
             if self._adapters is not None:

@@ -21,6 +21,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.adapters.layers import BASE
+from mlxserve.compat import RowState, generation_batch, row_state
 from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, with_slot
 from mlxserve.engine.head_drafts import draft_with_head
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
@@ -110,6 +111,21 @@ class _Sequence:
         """The sequence's tokens (its prompt, then what it generated) as the prompt cache
         keys them."""
         return _key_tokens(self.job) + list(tokens[len(self.job.prompt) :])
+
+
+@dataclass(eq=False)
+class _Parked:
+    """An idle-priority row out of the batch while interactive work runs: its caches, and
+    the token it sampled last (not in the caches yet), from which it goes on exactly as if
+    it had never stopped (the same sampler, processors and output)."""
+
+    sequence: _Sequence
+    cache: list[Any]
+    tokens: list[int]  # what the caches hold: the prompt and the tokens generated so far
+    pending: int
+    sampler: Any
+    processors: list[Any]
+    remaining: int  # tokens it may generate after `pending`
 
 
 @dataclass(eq=False)
@@ -214,6 +230,15 @@ class BatchSession:
         self.speculation = self._speculate()
         self._sequences: dict[int, _Sequence] = {}
         self._admitted: list[_Admitted] = []
+        self._parked: list[_Parked] = []
+        # Idle-priority rows can leave the batch and come back exactly where the caches
+        # hold all a row's state (no drafter's or vision encoder's beside them).
+        self._parks = (
+            loaded.draft_model is None
+            and self._head is None
+            and not loaded.spec.vision
+            and self._quantization is None
+        )
         # A hash of every (sequence, token) generated, in order: kept where ranks run in
         # lockstep (rank 0's is checked against the others' every step), else 0.
         self.trace = 0
@@ -267,17 +292,26 @@ class BatchSession:
 
     def __len__(self) -> int:
         """Jobs running or waiting to run."""
-        return len(self._sequences) + sum(len(a.jobs) for a in self._admitted)
+        waiting = sum(len(a.jobs) for a in self._admitted)
+        return len(self._sequences) + waiting + len(self._parked)
 
     @property
     def decoding(self) -> int:
         """Jobs past their prompt, generating."""
         return len(self._sequences)
 
+    @property
+    def idle_slots(self) -> int:
+        """Decode slots idle-priority work may take: none while interactive work runs or
+        waits here, else those no job holds."""
+        return 0 if self._interactive() else self._limits.decode - len(self)
+
     def jobs(self) -> list[GenerationJob]:
-        return [s.job for s in self._sequences.values()] + [
-            job for a in self._admitted for job in a.jobs
-        ]
+        return (
+            [s.job for s in self._sequences.values()]
+            + [job for a in self._admitted for job in a.jobs]
+            + [p.sequence.job for p in self._parked]
+        )
 
     def fits(self, jobs: list[GenerationJob], room: int | None) -> bool:
         """Whether `jobs` can join without the batch's KV caches, grown to every job's
@@ -296,6 +330,7 @@ class BatchSession:
         """The KV bytes held now: the running batch's caches and the waiting prompts' (and
         a vision model's kept image features)."""
         waiting = sum(cache_bytes(a.hit.cache) for a in self._admitted)
+        waiting += sum(cache_bytes(p.cache) for p in self._parked)
         features = self._model.features.nbytes if self._loaded.spec.vision else 0
         return self._generator.prompt_cache_nbytes + waiting + features
 
@@ -336,6 +371,11 @@ class BatchSession:
         """One loop iteration: the scheduler's share of prompt processing, then one decode
         step for every running sequence."""
         self._drop_cancelled_admissions()
+        self._end_parked()
+        if self._interactive():
+            self._park_idle()
+        else:
+            self._resume_parked()
         self._schedule()
         if not self._sequences:
             return
@@ -370,9 +410,103 @@ class BatchSession:
         if finished or stopped:
             self._trim_prompt_cache()
 
+    def preempt_idle(self) -> int:
+        """End every idle-priority job (interactive work wants their memory), keeping what
+        their rows processed in the prompt cache; how many ended."""
+        rows = [uid for uid, s in self._sequences.items() if s.job.idle_priority]
+        for uid in rows:
+            self._sequences[uid].job.preempt()
+        self._remove(rows, keep_cache=True)
+        waiting = [job for a in self._admitted for job in a.jobs]
+        others = [*waiting, *(p.sequence.job for p in self._parked)]
+        ended = [job for job in others if job.idle_priority and not job.cancelled.is_set()]
+        for job in ended:
+            job.preempt()
+        self._drop_cancelled_admissions()
+        self._end_parked()
+        return len(rows) + len(ended)
+
+    def _interactive(self) -> bool:
+        """Whether interactive (not idle-priority) work runs or waits here."""
+        running = (s.job for s in self._sequences.values())
+        waiting = (job for a in self._admitted for job in a.jobs)
+        return any(
+            not job.idle_priority and not job.cancelled.is_set() for job in [*running, *waiting]
+        )
+
+    def _park_idle(self) -> None:
+        """Interactive work runs alone: idle-priority rows leave the batch, keeping their
+        caches, until it is over (where a row's state is not all in its caches, it ends
+        with `preempted` and runs again from the prompt cache)."""
+        rows = [uid for uid, s in self._sequences.items() if s.job.idle_priority]
+        if rows:
+            log.info("%d batch rows pause while interactive work runs", len(rows))
+        batch = generation_batch(self._generator)
+        parks = [uid for uid in rows if self._parks and uid in batch.uids]
+        others = [uid for uid in rows if uid not in parks]
+        for uid in others:
+            self._sequences[uid].job.preempt()
+        self._remove(others, keep_cache=True)
+        states = [row_state(batch, batch.uids.index(uid)) for uid in parks]
+        caches = self._generator.remove(parks, return_prompt_caches=True) if parks else {}
+        for uid, state in zip(parks, states, strict=True):
+            self._park(self._sequences.pop(uid), state, *caches[uid])
+
+    def _park(
+        self, sequence: _Sequence, state: RowState, cache: list[Any], tokens: list[int]
+    ) -> None:
+        """Keep a row out of the batch (its pending token goes out now: it was sampled
+        from what the caches hold), or end it if that token ends it."""
+        generated = sequence.output.completion_tokens + 1  # so far, the pending token too
+        eos = state.pending in self._loaded.tokenizer.eos_token_ids
+        limit = sequence.job.params.max_tokens
+        reason = "stop" if eos else "length" if generated >= limit else None
+        stopped = sequence.output.add(state.pending, state.logprobs, reason)
+        if reason is not None or stopped:
+            self._cache.store(sequence.key, sequence.key_tokens(tokens), cache)
+            sequence.output.finish(reason or "stop")
+            return
+        parked = _Parked(
+            sequence,
+            cache,
+            tokens,
+            state.pending,
+            state.sampler,
+            state.processors,
+            limit - generated,
+        )
+        self._parked.append(parked)
+
+    def _resume_parked(self) -> None:
+        """Parked rows go on where they stopped, oldest first, into free decode slots."""
+        while self._parked and len(self._sequences) < self._limits.decode:
+            parked = self._parked.pop(0)
+            (uid,) = self._generator.insert(
+                [[parked.pending]],
+                max_tokens=[parked.remaining],
+                caches=[parked.cache],
+                all_tokens=[parked.tokens],
+                samplers=[parked.sampler],
+                logits_processors=[parked.processors],
+            )
+            self._sequences[uid] = parked.sequence
+
+    def _end_parked(self) -> None:
+        """Parked rows whose client left are dropped; those whose client has what it
+        wants end as stopped."""
+        for parked in list(self._parked):
+            job = parked.sequence.job
+            if job.cancelled.is_set() or job.finish_requested.is_set():
+                self._parked.remove(parked)
+                if not job.cancelled.is_set():
+                    key = parked.sequence.key_tokens(parked.tokens)
+                    self._cache.store(parked.sequence.key, key, parked.cache)
+                    parked.sequence.output.finish("stop")
+
     def close(self) -> None:
         self._sequences.clear()
         self._admitted.clear()
+        self._parked.clear()
         self._generator.close()
         if self._encoder is not None:
             self._encoder.close()
@@ -380,20 +514,25 @@ class BatchSession:
     def ready(self) -> bool:
         """Whether a step would do anything now: not when every waiting prompt waits for
         the vision encoder (its end wakes the loop)."""
-        return bool(self._sequences) or any(
+        return bool(self._sequences or self._parked) or any(
             a.encoding is None or a.encoding.done() for a in self._admitted
         )
 
     def _schedule(self) -> None:
         ready = [a for a in list(self._admitted) if self._encoded(a)]
+        if self._interactive():  # idle-priority prompts wait until interactive work is over
+            ready = [a for a in ready if not all(job.idle_priority for job in a.jobs)]
         if not ready:
             return
         now = self._clock()
+        # Idle-priority prompts are processed a budget per step even into an empty batch:
+        # an interactive request that comes meanwhile waits for one chunk at most.
+        idle = any(job.idle_priority for a in ready for job in a.jobs)
         plan = plan_prefill(
             [a.view(now) for a in ready],
             self._limits.prefill_chunk,
             free_slots=self._limits.decode - len(self._sequences),
-            batch_empty=not self._sequences,
+            batch_empty=not self._sequences and not idle,
         )
         if plan.chunk is not None:
             index, tokens = plan.chunk

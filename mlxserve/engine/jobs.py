@@ -9,7 +9,7 @@ from typing import Any
 
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.models.provider import ModelSpec
-from mlxserve.protocol.errors import ServiceError
+from mlxserve.protocol.errors import ServiceError, preempted
 
 
 @dataclass
@@ -80,6 +80,9 @@ class GenerationJob:
     # of the system prompt and tools, which new conversations share)
     checkpoints: tuple[int, ...] = ()
     adapter: str | None = None  # the adapter its rows run under (a served name), if any
+    # Batch work: it takes only slots no other request wants, and steps aside while one
+    # runs (paused, or ended with `preempted` for its caller to run it again later)
+    idle_priority: bool = False
     events: queue.Queue = field(default_factory=queue.Queue)
     # What the generation loop reads. Where several ranks run the loop in lockstep, a
     # cancellation is only requested here and takes effect at the loop step the worker
@@ -93,6 +96,11 @@ class GenerationJob:
 
     def emit(self, event: JobEvent) -> None:
         self.events.put((self.index, event))
+
+    def preempt(self) -> None:
+        """End an idle-priority job now for interactive work that wants its place."""
+        self.cancelled.set()
+        self.emit(ErrorEvent(preempted()))
 
     def cancel(self) -> None:
         self.cancel_requested.set()

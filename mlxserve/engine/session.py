@@ -62,6 +62,17 @@ class Session(Protocol):
         """Jobs past their prompt, generating."""
         ...
 
+    @property
+    def idle_slots(self) -> int:
+        """Sequences of idle-priority work it could take now: none while interactive
+        work runs or waits in it."""
+        ...
+
+    def preempt_idle(self) -> int:
+        """End every idle-priority job (they run again later) for interactive work that
+        wants their memory; how many ended."""
+        ...
+
     def ready(self) -> bool:
         """Whether a step would do anything now."""
         ...

@@ -59,6 +59,26 @@ class StreamSession:
         """Whether a step would do anything now."""
         return len(self) > 0
 
+    @property
+    def idle_slots(self) -> int:
+        return 1 - len(self)
+
+    def preempt_idle(self) -> int:
+        """End the running job and the waiting ones that have idle priority."""
+        waiting = [job for job in self._queue if job.idle_priority]
+        for job in waiting:
+            job.preempt()
+            self._queue.remove(job)
+        return len(waiting) + self._yield_to_interactive()
+
+    def _yield_to_interactive(self) -> int:
+        """End the running job if it has idle priority (it runs again later)."""
+        if self._run is None or not self._run.job.idle_priority:
+            return 0
+        self._run.job.preempt()
+        self._run = None
+        return 1
+
     def jobs(self) -> list[GenerationJob]:
         return ([self._run.job] if self._run is not None else []) + list(self._queue)
 
@@ -83,7 +103,10 @@ class StreamSession:
         self._queue.append(job)
 
     def step(self) -> None:
-        """Start the next job if none runs, then generate one token of the running one."""
+        """Start the next job if none runs (an interactive one before idle-priority ones,
+        whose running one gives way to it), then generate one token of the running one."""
+        if any(not job.idle_priority for job in self._queue):
+            self._yield_to_interactive()
         if self._run is None and not self._start():
             return
         run = self._run
@@ -104,7 +127,8 @@ class StreamSession:
 
     def _start(self) -> bool:
         while self._queue:
-            job = self._queue.popleft()
+            job = next((j for j in self._queue if not j.idle_priority), self._queue[0])
+            self._queue.remove(job)
             if job.cancelled.is_set():
                 continue
             try:

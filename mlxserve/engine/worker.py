@@ -156,11 +156,13 @@ class GenerationWorker:
         for job in jobs:
             self._residency.check_served(job.spec)
             job.cancel_at_step = self._lockstep is not None
-        self._capacity.take(len(jobs))
+            # ranks in lockstep end jobs only at a published step: no preemption there
+            job.idle_priority = job.idle_priority and self._lockstep is None
+        self._capacity.take(_counted(jobs))
         self._intake.put(Submitted(jobs))
 
     def release(self, jobs: list[GenerationJob]) -> None:
-        self._capacity.release(len(jobs))
+        self._capacity.release(_counted(jobs))
 
     def abandon(self, error: ServiceError) -> None:
         """The loop cannot go on and may never return (a rank of a distributed group
@@ -327,6 +329,12 @@ class GenerationWorker:
         pending.extend(self._intake.drain())
         while pending:
             answer(pending.popleft(), error)
+
+
+def _counted(jobs: list[GenerationJob]) -> int:
+    """Jobs that count against the server's capacity: idle-priority ones never make an
+    interactive request a 503 (their runner bounds how many it sends)."""
+    return sum(not job.idle_priority for job in jobs)
 
 
 def _capture(fn: Callable[[], Any]) -> tuple[bool, Any]:

@@ -83,5 +83,18 @@ def busy(message: str, retry_after_seconds: int) -> ServiceError:
     )
 
 
+PREEMPTED = "preempted"
+
+
+def preempted() -> ServiceError:
+    """An idle-priority job gave its slot to another request: run it again later."""
+    return ServiceError(
+        ErrorKind.OVERLOADED,
+        "This batch request gave its slot to an interactive one; it runs again later.",
+        code=PREEMPTED,
+        retry_after=1,
+    )
+
+
 def internal_error(message: str) -> ServiceError:
     return ServiceError(ErrorKind.INTERNAL, message, code="internal_error")

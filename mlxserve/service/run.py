@@ -17,6 +17,7 @@ from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
 from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
 from mlxserve.protocol.errors import ClientGone, unavailable
+from mlxserve.service.priority import at_idle_priority
 from mlxserve.service.results import Choice, TokenLogprob, Usage
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.telemetry.record import current_request
@@ -79,6 +80,7 @@ class GenerationRun:
         self.usage = Usage()
         self._jobs: list[GenerationJob] = []
         self._record = current_request()  # the HTTP request this run answers, if any
+        self._idle_priority = at_idle_priority()  # batch work
         if self._record is not None:
             self._record.generated = True
 
@@ -168,6 +170,7 @@ class GenerationRun:
                 images=plan.images,
                 checkpoints=plan.checkpoints,
                 adapter=self._adapter,
+                idle_priority=self._idle_priority,
                 events=events,
             )
             for plan in self._plans

@@ -63,6 +63,24 @@ def test_the_generation_batch_state_speculation_uses(tiny_model):
     assert adapter.generated == [] and adapter.next_tokens.size == 0
 
 
+def test_a_rows_state_is_read_between_steps(tiny_model):
+    """What parking an idle-priority row reads (engine/batch.py): the pending token and
+    its logprobs, the row's sampler and processors, from a running mlx-lm batch."""
+    from mlx_lm import load
+
+    model, _ = load(str(tiny_model))
+    generator = BatchGenerator(model)
+    sampler = make_sampler()
+    generator.insert([[1, 2, 3]], max_tokens=[8], samplers=[sampler], logits_processors=[[]])
+    generator.next()
+    generator.next()
+    batch = compat.generation_batch(generator)
+    state = compat.row_state(batch, 0)
+    assert isinstance(state.pending, int) and state.logprobs.ndim == 1
+    assert state.sampler is sampler and state.processors == []
+    assert batch.tokens[0][:3] == [1, 2, 3]
+
+
 def test_qwen_vl_keeps_positions_where_they_are_forgotten():
     source = inspect.getsource(qwen2_vl_language)
     assert all(f"self.{name}" in source for name in compat.VISION_POSITION_STATE)
