@@ -26,6 +26,7 @@ CACHE = "Prompt cache and KV caches"
 MEMORY = "Memory"
 MEDIA = "Images and audio"
 RESPONSES = "Responses API"
+BATCHES = "Batch API"
 DISTRIBUTED = "Several Macs (under mlx.launch)"
 CONFIG_FILE = "A --config file's [[models]]"
 GROUPS = (
@@ -38,6 +39,7 @@ GROUPS = (
     MEMORY,
     MEDIA,
     RESPONSES,
+    BATCHES,
     DISTRIBUTED,
 )
 
@@ -409,6 +411,26 @@ class ServerConfig:
         parse=positive_float,
         group=RESPONSES,
         help="most megabytes (counted as JSON) the stored responses take",
+    )
+    batch_db: Path | None = setting(
+        None,
+        parse=Path,
+        group=BATCHES,
+        shown_default="`batches.sqlite` in the cache folder",
+        help="the SQLite file of uploaded files, batch jobs and their results (kept across restarts; one server at a time)",
+    )
+    max_batch_file_bytes: int = setting(
+        200 * 1024 * 1024,  # OpenAI's limit
+        parse=positive_int,
+        group=BATCHES,
+        shown_default="200 MiB",
+        help="largest file `/v1/files` takes, and largest Message Batches request body",
+    )
+    max_batch_lines: int = setting(
+        50_000,  # OpenAI's limit
+        parse=positive_int,
+        group=BATCHES,
+        help="most requests in one batch",
     )
     distributed: str | None = setting(
         None,

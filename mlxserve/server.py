@@ -275,6 +275,7 @@ def run(config: ServerConfig) -> None:
     if warning is not None:
         log.warning(warning)
     print(ready_screen(server.origin, service, bool(config.api_key), warning), flush=True)
+    server.routes.batch_keeper.resume()  # batches a restart (or a crash) left running
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -289,6 +290,7 @@ def shut_down(server: MLXServer) -> None:
     teardown while MLX's threads and the HTTP threads still exist can abort the
     process ("terminate called without an active exception", exit 134)."""
     server.server_close()
+    server.routes.batch_keeper.stop()  # lines running now run again after a restart
     server.routes.service.worker.stop()
     if not server.drain(DRAIN_SECONDS):
         log.warning("Some requests did not finish their replies within %ds", DRAIN_SECONDS)

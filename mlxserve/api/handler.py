@@ -14,6 +14,7 @@ from io import BufferedIOBase
 from typing import Protocol, cast
 from urllib.parse import unquote, urlsplit
 
+from mlxserve.api.batches.routes import is_batch_path
 from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
@@ -191,6 +192,8 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
         elif path.startswith(RESPONSE_PREFIXES):
             self._send_json(200, self._stored_response(path))
+        elif is_batch_path(path):
+            self._batch(path)
         else:
             self._unknown(path, tuple(self.app.routes.post))
 
@@ -200,7 +203,28 @@ class APIHandler(BaseHTTPRequestHandler):
             raise not_found(f"Unknown path: {path}", code="unknown_url")
         self._send(200, found.data, found.content_type, PAGE_HEADERS)
 
+    def _batch(self, path: str) -> None:
+        """Files, OpenAI's batches and Anthropic's message batches (any method)."""
+        routes = self.app.routes
+
+        def body() -> bytes:
+            check_browser_post(self.headers, self.app.config.allowed_origins)
+            return self._read_body(routes.body_limit(path))
+
+        query = urlsplit(self.path).query
+        self._reply(routes.batches.answer(self.command, path, query, body, self))
+
+    def _reply(self, result: dict | RawReply | None) -> None:
+        """An endpoint's whole reply (None: it was streamed)."""
+        if isinstance(result, RawReply):
+            self._send(200, result.data, result.content_type)
+        elif result is not None:
+            self._send_json(200, result)
+
     def _delete(self, path: str) -> None:
+        if is_batch_path(path):
+            self._batch(path)
+            return
         if not path.startswith(RESPONSE_PREFIXES):
             self._unknown(path, (*self.app.routes.post, *GET_PATHS))
         self._send_json(200, self._stored_response(path))
@@ -211,15 +235,14 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _post(self, path: str) -> None:
         endpoint = self.app.routes.post.get(path)
+        if endpoint is None and is_batch_path(path):
+            self._batch(path)
+            return
         if endpoint is None:
             self._unknown(path, GET_PATHS)
             return
         check_browser_post(self.headers, self.app.config.allowed_origins)
-        result = endpoint(self._read_body(self.app.routes.body_limit(path)), self)
-        if isinstance(result, RawReply):
-            self._send(200, result.data, result.content_type)
-        elif result is not None:
-            self._send_json(200, result)
+        self._reply(endpoint(self._read_body(self.app.routes.body_limit(path)), self))
 
     def _unknown(self, path: str, other_method_paths: tuple[str, ...]) -> None:
         if path in other_method_paths:

@@ -16,16 +16,18 @@ class Form:
 
     fields: dict[str, list[str]] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
+    filenames: dict[str, str] = field(default_factory=dict)  # as the client named them
 
     def text(self, name: str) -> str | None:
         values = self.fields.get(name)
         return values[-1] if values else None
 
 
-def parse_form(content_type: str | None, body: bytes) -> Form:
+def parse_form(content_type: str | None, body: bytes, what: str = "the audio") -> Form:
+    """`what`: the file the form carries, for the error when the body is no form."""
     if not content_type or not content_type.lower().startswith("multipart/form-data"):
         raise bad_request(
-            "Send the request as multipart/form-data, with the audio in a field named file."
+            f"Send the request as multipart/form-data, with {what} in a field named file."
         )
     head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
@@ -38,8 +40,10 @@ def parse_form(content_type: str | None, body: bytes) -> Form:
             continue
         payload = part.get_payload(decode=True)
         data = payload if isinstance(payload, bytes) else b""
-        if part.get_filename() is not None:
+        filename = part.get_filename()
+        if filename is not None:
             form.files[name] = data
+            form.filenames[name] = filename
         else:
             form.fields.setdefault(name, []).append(data.decode("utf-8", "replace"))
     return form

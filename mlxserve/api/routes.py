@@ -9,6 +9,16 @@ from mlxserve.api.anthropic.endpoints import AnthropicEndpoints
 from mlxserve.api.anthropic.errors import error_reply as anthropic_error
 from mlxserve.api.audio.speech import SpeechEndpoints
 from mlxserve.api.audio.transcriptions import TranscriptionEndpoints
+from mlxserve.api.batches import routes as batch_paths
+from mlxserve.api.batches.anthropic import MESSAGES, MessageBatchEndpoints
+from mlxserve.api.batches.keeper import BatchKeeper
+from mlxserve.api.batches.openai import (
+    BATCH_ENDPOINTS,
+    BatchEndpoints,
+    FileEndpoints,
+    output_files,
+)
+from mlxserve.api.batches.routes import BatchRoutes
 from mlxserve.api.errors import ErrorRenderer
 from mlxserve.api.infill.endpoints import InfillEndpoints
 from mlxserve.api.infill.errors import error_reply as llama_cpp_error
@@ -36,7 +46,7 @@ EMBEDDINGS_PATHS = ("/v1/embeddings", "/embeddings")
 TRANSCRIPTION_PATHS = ("/v1/audio/transcriptions", "/audio/transcriptions")
 TRANSLATION_PATHS = ("/v1/audio/translations", "/audio/translations")
 SPEECH_PATHS = ("/v1/audio/speech", "/audio/speech")
-UPLOAD_OVERHEAD = 64 * 1024  # a multipart form's fields beside its audio file
+UPLOAD_OVERHEAD = 64 * 1024  # a multipart form's fields beside its file
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 SCORE_PATHS = ("/v1/score", "/score")
 TOKENIZE_PATHS = ("/tokenize", "/v1/tokenize")
@@ -74,6 +84,8 @@ class Routes:
     status: StatusEndpoint = field(init=False)
     infill: InfillEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
+    batch_keeper: BatchKeeper = field(init=False)
+    batches: BatchRoutes = field(init=False)
 
     def __post_init__(self):
         self.openai = OpenAIEndpoints(self.service)
@@ -84,7 +96,6 @@ class Routes:
         self.rerank = RerankEndpoints(self.service)
         self.transcription = TranscriptionEndpoints(self.service)
         self.speech = SpeechEndpoints(self.service)
-        self.status = StatusEndpoint(self.service, self.activity)
         self.infill = InfillEndpoints(self.service)
         self.post = {
             **dict.fromkeys(CHAT_PATHS, self.openai.chat),
@@ -108,6 +119,14 @@ class Routes:
             **dict.fromkeys(INFILL_PATHS, self.infill.infill),
             **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
         }
+        # Batch lines run through the endpoints a client's request of their kind takes.
+        lines = {path: self.post[path] for path in (*BATCH_ENDPOINTS, MESSAGES)}
+        keeper = BatchKeeper(self.service.config, lines, self.errors, {"openai": output_files})
+        self.batch_keeper = keeper
+        self.status = StatusEndpoint(self.service, self.activity, keeper)
+        self.batches = BatchRoutes(
+            FileEndpoints(keeper), BatchEndpoints(keeper), MessageBatchEndpoints(keeper)
+        )
 
     def body_limit(self, path: str) -> int:
         """The largest body a POST to `path` may send: an audio upload's is the audio
@@ -115,12 +134,17 @@ class Routes:
         config = self.service.config
         if path in TRANSCRIPTION_PATHS + TRANSLATION_PATHS:
             return max(config.max_body_bytes, config.max_audio_bytes + UPLOAD_OVERHEAD)
+        if batch_paths.is_upload_path(path):
+            batch_limit = config.max_batch_file_bytes + UPLOAD_OVERHEAD
+            return max(config.max_body_bytes, batch_limit)
         return config.max_body_bytes
 
     def endpoint(self, path: str) -> str:
         """The path as a metrics label: a known path, or "other" (labels stay bounded)."""
         if path in self.post or path in GET_PATHS:
             return path
+        if batch_paths.is_batch_path(path):
+            return batch_paths.label(path)
         if path.startswith(RESPONSE_PREFIXES):
             items = path.endswith("/input_items")
             return "/v1/responses/{id}/input_items" if items else "/v1/responses/{id}"
@@ -143,4 +167,5 @@ class Routes:
         everything else in OpenAI's."""
         if path in INFILL_PATHS:
             return llama_cpp_error
-        return anthropic_error if path in ANTHROPIC_PATHS else openai_error
+        anthropic = path in ANTHROPIC_PATHS or batch_paths.is_anthropic_path(path)
+        return anthropic_error if anthropic else openai_error

@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from mlxserve.api.batches.keeper import BatchKeeper
 from mlxserve.api.guards import exposure_warning
+from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.activity import Activity
+
+RECENT_BATCHES = 20  # batches and files the status lists
 
 
 @dataclass
 class StatusEndpoint:
     service: ChatService
     activity: Activity
+    batches: BatchKeeper
 
     def status(self) -> dict:
         worker, provider = self.service.worker, self.service.provider
@@ -40,4 +45,27 @@ class StatusEndpoint:
             },
             "models": models,
             "recent": self.activity.recent(),
+            "batches": self._batches(),
         }
+
+    def _batches(self) -> dict:
+        """The latest batches (both APIs') with their progress, and the latest files."""
+        try:
+            store = self.batches.existing()
+        except ServiceError as e:  # another server holds the store
+            return {"error": e.message, "jobs": [], "files": []}
+        if store is None:
+            return {"error": None, "jobs": [], "files": []}
+        jobs = [
+            {
+                "id": batch.id,
+                "api": batch.dialect,
+                "endpoint": batch.endpoint,
+                "status": batch.status,
+                "created_at": batch.created_at,
+                "counts": asdict(batch.counts),
+            }
+            for batch in store.batches(None, RECENT_BATCHES)
+        ]
+        files = [asdict(record) for record in store.files(None, RECENT_BATCHES, None, False)]
+        return {"error": None, "jobs": jobs, "files": files}
