@@ -5,11 +5,13 @@ square's colour). A failed test leaves a screenshot in test-screenshots/."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 from conversations import COLOUR_QUESTION, square_png
 from helpers.server import start_server
@@ -194,6 +196,32 @@ def test_the_status_page_lists_recent_requests(page, app, tiny_model):
     expect(row).to_contain_text("/v1/chat/completions")
     expect(row).to_contain_text("req_")
     expect(page.locator("#running")).to_have_text("0")
+
+
+def test_the_status_page_lists_batches_and_files_with_progress(page, launch, tiny_model, tmp_path):
+    srv = launch(tiny_model, "--batch-db", str(tmp_path / "batches.sqlite"))
+    sdk = openai.OpenAI(base_url=srv.base_url, api_key="x")
+    line = {
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    }
+    data = b"".join(json.dumps({**line, "custom_id": f"c{i}"}).encode() + b"\n" for i in range(3))
+    uploaded = sdk.files.create(file=("night.jsonl", data), purpose="batch")
+    batch = sdk.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    page.goto(srv.url + "/")
+    page.click("button[data-page=status]")
+    row = page.locator("#batches-table tbody tr").first
+    expect(row).to_contain_text(batch.id)
+    expect(row).to_contain_text("completed")  # the page refreshes while it runs
+    expect(row).to_contain_text("3 / 3")
+    expect(row.locator("progress")).to_have_attribute("value", "3")
+    files = page.locator("#files-table tbody")
+    expect(files).to_contain_text("night.jsonl")
+    expect(files).to_contain_text(f"{batch.id}_output.jsonl")
+    expect(page.locator("#batches-note")).to_be_hidden()
 
 
 def test_a_wrong_key_shows_an_error_not_a_blank_page(page, app):

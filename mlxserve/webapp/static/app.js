@@ -393,6 +393,35 @@ function renderStatus(status) {
     el("td", { textContent: seconds(r.ttft_seconds) }),
     el("td", { textContent: rate(r.tokens_per_second) }),
     el("td", { textContent: seconds(r.seconds) }))));
+  renderBatches(status.batches);
+}
+
+function when(unixSeconds) {
+  return new Date(unixSeconds * 1000).toLocaleString();
+}
+
+function renderBatches(batches) {
+  $("batches-note").hidden = !batches.error;
+  $("batches-note").textContent = batches.error || "";
+  $("batches-table").tBodies[0].replaceChildren(...batches.jobs.map((b) => {
+    const c = b.counts;
+    const done = c.total - c.pending;
+    const progress = el("progress", { max: c.total || 1, value: done });
+    return el("tr", {},
+      el("td", { textContent: b.id }),
+      el("td", { textContent: b.api === "anthropic" ? "Anthropic" : "OpenAI" }),
+      el("td", { textContent: b.endpoint }),
+      el("td", { className: "state", textContent: b.status }),
+      el("td", { className: "progress" }, progress, ` ${done} / ${c.total}`),
+      el("td", { textContent: c.errored + c.canceled + c.expired }),
+      el("td", { textContent: when(b.created_at) }));
+  }));
+  $("files-table").tBodies[0].replaceChildren(...batches.files.map((f) => el("tr", {},
+    el("td", { textContent: f.id }),
+    el("td", { textContent: f.filename }),
+    el("td", { textContent: f.purpose }),
+    el("td", { textContent: formatBytes(f.bytes) }),
+    el("td", { textContent: when(f.created_at) }))));
 }
 
 // ---------------------------------------------------------------------------- start
