@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap bench-adapters clean
+.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap bench-adapters bench-batch clean
 
 install: $(VENV)/.installed
 
@@ -93,6 +93,9 @@ bench-kv: install
 
 bench-adapters: install
 	$(WITH_BLAS) $(PY) bench/adapters.py $(ARGS)
+
+bench-batch: install
+	$(WITH_BLAS) $(PY) bench/batch.py $(ARGS)
 
 bench-two-models: install
 	$(WITH_BLAS) $(PY) bench/two_models.py $(ARGS)
