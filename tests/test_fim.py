@@ -55,6 +55,19 @@ def test_suffix_gives_the_middle_through_the_openai_sdk(request, coders, family)
         assert "".join(c.choices[0].text for c in chunks) == middle
 
 
+def test_a_prompt_laid_out_by_the_editor_gives_the_middle(coders, qwen_coder_model):
+    """Continue lays the FIM prompt out itself and sends it as a plain prompt: the markers
+    in its text are read as the tokenizer's special tokens, so the reply is the middle."""
+    client = openai.OpenAI(base_url=coders.url + "/v1", api_key="x")
+    for i in PLAIN:
+        prefix, suffix, middle, _ = SNIPPETS[i]
+        prompt = f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
+        reply = client.completions.create(
+            model=str(qwen_coder_model), prompt=prompt, temperature=0, max_tokens=40
+        )
+        assert reply.choices[0].text == middle
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_infill_in_llama_cpps_shape(request, coders, family):
     """/infill as llama.vscode sends it (its default fields included), whole and
