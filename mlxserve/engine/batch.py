@@ -410,21 +410,19 @@ class BatchSession:
         if finished or stopped:
             self._trim_prompt_cache()
 
-    def preempt_idle(self) -> int:
+    def preempt_idle(self) -> None:
         """End every idle-priority job (interactive work wants their memory), keeping what
-        their rows processed in the prompt cache; how many ended."""
+        their rows processed in the prompt cache."""
         rows = [uid for uid, s in self._sequences.items() if s.job.idle_priority]
         for uid in rows:
             self._sequences[uid].job.preempt()
         self._remove(rows, keep_cache=True)
         waiting = [job for a in self._admitted for job in a.jobs]
-        others = [*waiting, *(p.sequence.job for p in self._parked)]
-        ended = [job for job in others if job.idle_priority and not job.cancelled.is_set()]
-        for job in ended:
-            job.preempt()
+        for job in [*waiting, *(p.sequence.job for p in self._parked)]:
+            if job.idle_priority and not job.cancelled.is_set():
+                job.preempt()
         self._drop_cancelled_admissions()
         self._end_parked()
-        return len(rows) + len(ended)
 
     def _interactive(self) -> bool:
         """Whether interactive (not idle-priority) work runs or waits here."""

@@ -68,9 +68,9 @@ class Session(Protocol):
         work runs or waits in it."""
         ...
 
-    def preempt_idle(self) -> int:
+    def preempt_idle(self) -> None:
         """End every idle-priority job (they run again later) for interactive work that
-        wants their memory; how many ended."""
+        wants their memory."""
         ...
 
     def ready(self) -> bool:

@@ -63,21 +63,18 @@ class StreamSession:
     def idle_slots(self) -> int:
         return 1 - len(self)
 
-    def preempt_idle(self) -> int:
+    def preempt_idle(self) -> None:
         """End the running job and the waiting ones that have idle priority."""
-        waiting = [job for job in self._queue if job.idle_priority]
-        for job in waiting:
+        for job in [job for job in self._queue if job.idle_priority]:
             job.preempt()
             self._queue.remove(job)
-        return len(waiting) + self._yield_to_interactive()
+        self._yield_to_interactive()
 
-    def _yield_to_interactive(self) -> int:
+    def _yield_to_interactive(self) -> None:
         """End the running job if it has idle priority (it runs again later)."""
-        if self._run is None or not self._run.job.idle_priority:
-            return 0
-        self._run.job.preempt()
-        self._run = None
-        return 1
+        if self._run is not None and self._run.job.idle_priority:
+            self._run.job.preempt()
+            self._run = None
 
     def jobs(self) -> list[GenerationJob]:
         return ([self._run.job] if self._run is not None else []) + list(self._queue)

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from mlxserve.api.batches.keeper import BatchKeeper
 from mlxserve.api.batches.query import Query
@@ -43,18 +43,12 @@ class BatchCreate(Strict):
     completion_window: str
     metadata: dict[str, str] | None = None
 
-    @field_validator("endpoint")
+    @field_validator("endpoint", "completion_window")
     @classmethod
-    def _endpoint(cls, value: str) -> str:
-        if value not in BATCH_ENDPOINTS:
-            raise ValueError(f"must be one of {', '.join(BATCH_ENDPOINTS)}")
-        return value
-
-    @field_validator("completion_window")
-    @classmethod
-    def _window(cls, value: str) -> str:
-        if value not in WINDOWS:
-            raise ValueError(f"must be one of {', '.join(WINDOWS)}")
+    def _served(cls, value: str, info: ValidationInfo) -> str:
+        served = BATCH_ENDPOINTS if info.field_name == "endpoint" else tuple(WINDOWS)
+        if value not in served:
+            raise ValueError(f"must be one of {', '.join(served)}")
         return value
 
     @field_validator("metadata")
