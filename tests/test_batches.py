@@ -61,14 +61,25 @@ def submit(sdk: openai.OpenAI, lines: list, endpoint: str = CHAT, **extra):
     )
 
 
-def wait_ended(sdk: openai.OpenAI, batch_id: str):
+def until(condition, pause: float = 0.05):
+    """Poll `condition` until it gives something true (returned), within BATCH_SECONDS."""
     deadline = time.monotonic() + BATCH_SECONDS
-    while True:
-        batch = sdk.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "cancelled", "expired"):
-            return batch
-        assert time.monotonic() < deadline, batch
-        time.sleep(0.2)
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "waited too long"
+        time.sleep(pause)
+    return value
+
+
+def wait_ended(sdk: openai.OpenAI, batch_id: str):
+    ended = ("completed", "failed", "cancelled", "expired")
+    return until(lambda: (b := sdk.batches.retrieve(batch_id)).status in ended and b, 0.2)
+
+
+def long_lines(model, count: int, max_tokens: int) -> list[dict]:
+    """Lines that each run to their max_tokens."""
+    return [
+        chat_line(model, i, max_tokens=max_tokens, logit_bias=no_end(model)) for i in range(count)
+    ]
 
 
 def entries(sdk: openai.OpenAI, file_id: str | None) -> list[dict]:
@@ -291,14 +302,9 @@ def test_cancel_ends_running_lines_and_reports_the_rest(batched, tiny_model):
     """Cancelled mid-run: the lines answered keep their replies, the rest are in the error
     file as batch_cancelled; each custom_id once."""
     sdk = client(batched)
-    lines = [
-        chat_line(tiny_model, i, max_tokens=200, logit_bias=no_end(tiny_model)) for i in range(12)
-    ]
+    lines = long_lines(tiny_model, 12, max_tokens=200)
     batch = submit(sdk, lines)
-    deadline = time.monotonic() + BATCH_SECONDS
-    while sdk.batches.retrieve(batch.id).request_counts.completed < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until(lambda: sdk.batches.retrieve(batch.id).request_counts.completed >= 1)
     cancelling = sdk.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     done = wait_ended(sdk, batch.id)
@@ -330,12 +336,9 @@ def test_batch_rows_pause_while_an_interactive_stream_runs(
     db = str(tmp_path / "b.sqlite")
     srv = launch(model, "--batch-db", db, "--max-concurrent", "2", *flags)
     sdk = client(srv)
-    lines = [chat_line(model, i, max_tokens=400, logit_bias=no_end(model)) for i in range(6)]
+    lines = long_lines(model, 6, max_tokens=400)
     batch = submit(sdk, lines)
-    deadline = time.monotonic() + BATCH_SECONDS
-    while running(srv) < 2:  # both slots are batch rows
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    until(lambda: running(srv) >= 2, 0.01)  # both slots are batch rows
     body = {**endless(model, max_tokens=300), "temperature": 0}
     conn, response = open_stream(srv.url, CHAT, {**body, "stream": True})
     assert response.status == 200
@@ -366,6 +369,33 @@ def test_batch_rows_pause_while_an_interactive_stream_runs(
         assert started_over < paused
 
 
+def test_a_model_served_one_request_at_a_time_serves_interactive_first(
+    launch, sliding_model, tmp_path
+):
+    """A model served one request at a time (a sliding window beside a draft model): the
+    batch line running gives way to an interactive request and runs again after it. (No
+    prompt cache: on this path a reply can differ after another prompt's, see the note
+    in docs/limitations.md.)"""
+    srv = launch(
+        sliding_model,
+        *("--draft-model", str(sliding_model), "--batch-db", str(tmp_path / "b.sqlite")),
+        *("--prompt-cache-size", "0"),
+    )
+    assert srv.log_lines("one request at a time")
+    sdk = client(srv)
+    lines = long_lines(sliding_model, 3, max_tokens=200)
+    batch = submit(sdk, lines)
+    until(lambda: running(srv) >= 1, 0.01)
+    body = {"model": str(sliding_model), "messages": [{"role": "user", "content": "Hi"}]}
+    assert alone(srv, {**body, "max_tokens": 5})["choices"][0]["finish_reason"] == "length"
+    assert srv.log_lines("gave its slot to an interactive request")
+    done = wait_ended(sdk, batch.id)
+    output = entries(sdk, done.output_file_id)
+    assert [e["custom_id"] for e in output] == [line["custom_id"] for line in lines]
+    for entry, line in zip(output, lines, strict=True):
+        assert entry["response"]["body"]["choices"] == alone(srv, line["body"])["choices"]
+
+
 def running(srv) -> int:
     return srv.get("/v1/status")[2]["requests"]["running"]
 
@@ -374,14 +404,9 @@ def test_kill_9_mid_batch_then_restart_answers_every_line_once(launch, tiny_mode
     db = str(tmp_path / "batches.sqlite")
     first = launch(tiny_model, "--batch-db", db, "--max-concurrent", "2")
     sdk = client(first)
-    lines = [
-        chat_line(tiny_model, i, max_tokens=60, logit_bias=no_end(tiny_model)) for i in range(16)
-    ]
+    lines = long_lines(tiny_model, 16, max_tokens=60)
     batch = submit(sdk, lines)
-    deadline = time.monotonic() + BATCH_SECONDS
-    while sdk.batches.retrieve(batch.id).request_counts.completed < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: sdk.batches.retrieve(batch.id).request_counts.completed >= 3, 0.02)
     first.process.kill()  # SIGKILL: nothing is flushed or closed
     first.process.wait()
     second = launch(tiny_model, "--batch-db", db, "--max-concurrent", "2")
@@ -434,12 +459,10 @@ def test_anthropic_sdk_message_batches(batched, tiny_model):
     assert created.type == "message_batch" and created.id.startswith("msgbatch_")
     assert created.processing_status == "in_progress" and created.results_url is None
     assert created.request_counts.processing + created.request_counts.succeeded == 5
-    deadline = time.monotonic() + BATCH_SECONDS
-    batch = created
-    while batch.processing_status != "ended":
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-        batch = sdk.messages.batches.retrieve(created.id)
+    batch = until(
+        lambda: (b := sdk.messages.batches.retrieve(created.id)).processing_status == "ended" and b,
+        0.2,
+    )
     counts = batch.request_counts
     assert (counts.succeeded, counts.errored, counts.processing) == (4, 1, 0)
     assert batch.ended_at is not None and batch.results_url.endswith(f"/{batch.id}/results")
@@ -474,10 +497,7 @@ def test_anthropic_cancel_and_refusals(batched, tiny_model):
     canceling = sdk.messages.batches.cancel(batch.id)
     assert canceling.processing_status in ("canceling", "ended")
     assert canceling.cancel_initiated_at is not None
-    deadline = time.monotonic() + BATCH_SECONDS
-    while sdk.messages.batches.retrieve(batch.id).processing_status != "ended":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    until(lambda: sdk.messages.batches.retrieve(batch.id).processing_status == "ended", 0.1)
     results = list(sdk.messages.batches.results(batch.id))
     assert sorted(r.custom_id for r in results) == sorted(r["custom_id"] for r in requests)
     assert {r.result.type for r in results} <= {"succeeded", "canceled"}
