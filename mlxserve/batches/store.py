@@ -346,16 +346,19 @@ class BatchStore:
         """Up to `limit` pending lines of batches in progress, oldest batch first, but
         those in `skip` (running, or waiting to retry)."""
         found: list[LineRecord] = []
-        for batch in self.running():
-            if batch.status != IN_PROGRESS or batch.expires_at <= time.time():
-                continue
-            skipped = [line for batch_id, line in skip if batch_id == batch.id]
+        live = self._all(
+            "SELECT id FROM batches WHERE status=? AND expires_at>? ORDER BY rowid",
+            IN_PROGRESS,
+            time.time(),
+        )
+        for (batch_id,) in live:
+            skipped = [line for skipped_id, line in skip if skipped_id == batch_id]
             rows = self._all(
                 f"SELECT {LINE_COLUMNS} FROM lines JOIN batches ON batches.id=lines.batch_id"
                 " WHERE batch_id=? AND outcome IS NULL"
                 f" AND line NOT IN ({', '.join('?' * len(skipped))})"
                 " ORDER BY line LIMIT ?",
-                batch.id,
+                batch_id,
                 *skipped,
                 limit - len(found),
             )

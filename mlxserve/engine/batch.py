@@ -372,11 +372,12 @@ class BatchSession:
         step for every running sequence."""
         self._drop_cancelled_admissions()
         self._end_parked()
-        if self._interactive():
+        interactive = self._interactive()
+        if interactive:
             self._park_idle()
         else:
             self._resume_parked()
-        self._schedule()
+        self._schedule(interactive)
         if not self._sequences:
             return
         _, responses = self._generator.next()
@@ -516,9 +517,10 @@ class BatchSession:
             a.encoding is None or a.encoding.done() for a in self._admitted
         )
 
-    def _schedule(self) -> None:
+    def _schedule(self, interactive: bool) -> None:
+        """`interactive`: interactive work runs or waits (idle-priority prompts wait)."""
         ready = [a for a in list(self._admitted) if self._encoded(a)]
-        if self._interactive():  # idle-priority prompts wait until interactive work is over
+        if interactive:  # idle-priority prompts wait until interactive work is over
             ready = [a for a in ready if not all(job.idle_priority for job in a.jobs)]
         if not ready:
             return
