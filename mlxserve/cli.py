@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         from mlxserve.agents.launch import main as launch
 
         sys.exit(launch(argv[1:]))
+    if argv[:1] == ["keys"]:  # API keys, their limits and usage: see keys/commands.py
+        from mlxserve.keys.commands import main as keys
+
+        sys.exit(keys(argv[1:]))
     if argv[:1] in (["pull"], ["ls"], ["rm"]):  # models on this machine: see hub/commands.py
         from mlxserve.hub.commands import main as models
 

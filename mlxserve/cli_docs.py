@@ -18,7 +18,8 @@ HEADER = """# Command line
 
 `mlxserve launch claude|codex` starts a coding agent against a server
 ([agents](agents.md)); `mlxserve pull|ls|rm` manage models on this machine
-([models](models.md)).
+([models](models.md)); `mlxserve keys create|list|revoke|usage` manage API keys, their
+limits and usage ([sharing a server](keys.md)).
 """
 
 

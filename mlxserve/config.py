@@ -253,6 +253,13 @@ class ServerConfig:
         group=SERVER,
         help="require `Authorization: Bearer KEY` or `x-api-key: KEY` on every `/v1` call",
     )
+    keys_db: Path | None = setting(
+        None,
+        parse=Path,
+        group=SERVER,
+        shown_default="`keys.sqlite` in the cache folder, once `mlxserve keys create` makes it",
+        help="the SQLite file of API keys (each with its models, rate limits and quota) and their usage, kept by `mlxserve keys`; once it holds a key, every `/v1` call needs one (see Sharing a server)",
+    )
     # signs thinking and seals reasoning and compactions; None: the install's key file
     secret_key: str | None = setting(
         None,

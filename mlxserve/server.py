@@ -271,10 +271,11 @@ def run(config: ServerConfig) -> None:
     # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     service = server.routes.service
-    warning = exposure_warning(config.host, bool(config.api_key))
+    protected = server.routes.keys.required
+    warning = exposure_warning(config.host, protected)
     if warning is not None:
         log.warning(warning)
-    print(ready_screen(server.origin, service, bool(config.api_key), warning), flush=True)
+    print(ready_screen(server.origin, service, protected, warning), flush=True)
     server.routes.batch_keeper.resume()  # batches a restart (or a crash) left running
     try:
         server.serve_forever()

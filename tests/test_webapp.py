@@ -17,6 +17,9 @@ from conversations import COLOUR_QUESTION, square_png
 from helpers.server import start_server
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
+from mlxserve.keys.records import KeyRecord
+from mlxserve.keys.store import KeyStore
+
 KEY = "sk-webapp-test"
 SCREENSHOTS = Path(__file__).parent.parent / "test-screenshots"
 ANSWER_SECONDS = 60_000  # ms: a reply on the CPU, a model load
@@ -231,3 +234,25 @@ def test_a_wrong_key_shows_an_error_not_a_blank_page(page, app):
     page.fill("#prompt", "Hello!")
     page.click("#send")
     expect(page.locator(".message.assistant.error")).to_contain_text("Invalid or missing API key")
+
+
+def test_the_status_page_shows_a_keys_usage_and_only_its_own(page, launch, tiny_model, tmp_path):
+    db = tmp_path / "keys.sqlite"
+    store = KeyStore(db)
+    mine = store.create(KeyRecord("mine", "", None))
+    other = store.create(KeyRecord("other", "", None))
+    store.close()
+    srv = launch(tiny_model, "--keys-db", str(db))
+    for key in (mine, other):
+        sdk = openai.OpenAI(base_url=srv.base_url, api_key=key)
+        sdk.chat.completions.create(
+            model=str(tiny_model), messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+        )
+    sign_in(page, srv, key=mine)
+    page.click("button[data-page=status]")
+    rows = page.locator("#usage-table tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("mine")
+    expect(rows.first.locator("td").nth(2)).to_have_text("1")  # one request
+    expect(page.locator("#usage-note")).to_be_hidden()
+    expect(page.locator("#recent-table tbody tr")).to_have_count(1)  # not the other key's

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlxserve.protocol.errors import ServiceError
+from mlxserve.protocol.errors import ErrorKind, ServiceError
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,12 @@ class ErrorReply:
     @property
     def headers(self) -> dict[str, str]:
         retry = self.error.retry_after
-        return {"Retry-After": str(retry)} if retry is not None else {}
+        headers = {"Retry-After": str(retry)} if retry is not None else {}
+        if self.error.kind is ErrorKind.QUOTA_EXCEEDED:
+            # Hours away: the SDKs would sleep that long before their retry (Anthropic's
+            # does); both obey this header and raise at once.
+            headers["X-Should-Retry"] = "false"
+        return headers
 
 
 ErrorRenderer = Callable[[ServiceError], ErrorReply]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import select
@@ -14,6 +13,7 @@ from io import BufferedIOBase
 from typing import Protocol, cast
 from urllib.parse import unquote, urlsplit
 
+from mlxserve.api.access import admitted, count_request
 from mlxserve.api.batches.routes import is_batch_path
 from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
@@ -22,11 +22,13 @@ from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
 from mlxserve.api.routes import (
     GET_PATHS,
     HEALTH_PATHS,
+    KEYS_PATHS,
     METRICS_PATHS,
     MODEL_PREFIXES,
     MODELS_PATHS,
     RESPONSE_PREFIXES,
     STATUS_PATHS,
+    USAGE_PATHS,
     Routes,
 )
 from mlxserve.config import ServerConfig
@@ -146,6 +148,7 @@ class APIHandler(BaseHTTPRequestHandler):
         )
         with recording(self.record):
             path = self._answer(route)
+            count_request(self.record)
             self.record.finished = time.monotonic()
             access_log.info(self.record.access_line())
         self.app.metrics.observe(self.record, self.app.routes.endpoint(path))
@@ -162,9 +165,12 @@ class APIHandler(BaseHTTPRequestHandler):
         try:
             path = urlsplit(self.path).path.rstrip("/") or "/"
             check_host(self.headers, config.allowed_hosts, config.host)
-            if path not in HEALTH_PATHS and not is_asset_path(path):
-                self._authorize()  # the web app's files hold no data: its API calls do
-            route(path)
+            if path in HEALTH_PATHS or is_asset_path(path):
+                route(path)  # the web app's files hold no data: its API calls do
+            else:
+                assert self.record is not None
+                with admitted(routes.keys, self.headers, path, self.record, self.app.metrics):
+                    route(path)
         except ServiceError as e:
             self._send_error(routes.errors(path)(e))
         except ClientGone:
@@ -188,6 +194,10 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_json(200, self.app.routes.status.status())
         elif path in METRICS_PATHS:
             self._send(200, self.app.metrics.render(), METRICS_CONTENT_TYPE)
+        elif path in USAGE_PATHS:
+            self._send_json(200, self.app.routes.usage.usage(urlsplit(self.path).query))
+        elif path in KEYS_PATHS:
+            self._send_json(200, self.app.routes.usage.keys())
         elif path.startswith(MODEL_PREFIXES):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
         elif path.startswith(RESPONSE_PREFIXES):
@@ -254,18 +264,6 @@ class APIHandler(BaseHTTPRequestHandler):
         raise not_found(f"Unknown path: {path}", code="unknown_url")
 
     # Requests ---------------------------------------------------------------------------
-
-    def _authorize(self) -> None:
-        """`Authorization: Bearer KEY` (OpenAI's clients) or `X-API-Key: KEY` (Anthropic's)."""
-        key = self.app.config.api_key
-        if not key:
-            return
-        auth = self.headers.get("Authorization", "")
-        given = auth[7:] if auth[:7].lower() == "bearer " else self.headers.get("X-API-Key", "")
-        if not hmac.compare_digest(given.strip().encode(), key.encode()):
-            raise ServiceError(
-                ErrorKind.AUTHENTICATION, "Invalid or missing API key.", code="invalid_api_key"
-            )
 
     def _read_body(self, limit: int) -> bytes:
         framing = body_framing(self.headers)

@@ -19,6 +19,7 @@ from mlxserve.api.batches.openai import (
     output_files,
 )
 from mlxserve.api.batches.routes import BatchRoutes
+from mlxserve.api.batches.runner import Outputs
 from mlxserve.api.errors import ErrorRenderer
 from mlxserve.api.infill.endpoints import InfillEndpoints
 from mlxserve.api.infill.errors import error_reply as llama_cpp_error
@@ -30,6 +31,9 @@ from mlxserve.api.rerank.endpoints import RerankEndpoints
 from mlxserve.api.responder import RawReply, Responder
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
 from mlxserve.api.status import StatusEndpoint
+from mlxserve.api.usage import UsageEndpoints
+from mlxserve.keys.gate import KeyGate
+from mlxserve.keys.store import keys_path
 from mlxserve.protocol.errors import not_found
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.activity import Activity
@@ -62,7 +66,19 @@ ADAPTER_UNLOAD_PATHS = ("/v1/adapters/unload", "/adapters/unload")
 INFILL_PATHS = ("/infill",)  # llama.cpp's
 METRICS_PATHS = ("/metrics",)
 STATUS_PATHS = ("/v1/status", "/status")
-GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS + STATUS_PATHS
+USAGE_PATHS = ("/v1/usage", "/usage")
+KEYS_PATHS = ("/v1/keys", "/keys")
+GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS + STATUS_PATHS + USAGE_PATHS + KEYS_PATHS
+# What only an admin key may ask (where the server has keys).
+ADMIN_PATHS = (
+    LOAD_PATHS
+    + UNLOAD_PATHS
+    + PIN_PATHS
+    + ADAPTER_LOAD_PATHS
+    + ADAPTER_UNLOAD_PATHS
+    + METRICS_PATHS
+    + KEYS_PATHS
+)
 
 # A POST endpoint: (request body, the connection) -> a JSON reply, a whole reply of
 # another type, or None once streamed.
@@ -86,8 +102,13 @@ class Routes:
     post: dict[str, Endpoint] = field(init=False)
     batch_keeper: BatchKeeper = field(init=False)
     batches: BatchRoutes = field(init=False)
+    keys: KeyGate = field(init=False)
+    usage: UsageEndpoints = field(init=False)
 
     def __post_init__(self):
+        config = self.service.config
+        self.keys = KeyGate(keys_path(config.keys_db), config.api_key, config.keys_db is not None)
+        self.usage = UsageEndpoints(self.keys)
         self.openai = OpenAIEndpoints(self.service)
         self.anthropic = AnthropicEndpoints(self.service)
         self.responses = ResponsesEndpoints(self.service)
@@ -121,9 +142,10 @@ class Routes:
         }
         # Batch lines run through the endpoints a client's request of their kind takes.
         lines = {path: self.post[path] for path in (*BATCH_ENDPOINTS, MESSAGES)}
-        keeper = BatchKeeper(self.service.config, lines, self.errors, {"openai": output_files})
+        outputs: dict[str, Outputs] = {"openai": output_files}
+        keeper = BatchKeeper(self.service.config, lines, self.errors, outputs, self.keys)
         self.batch_keeper = keeper
-        self.status = StatusEndpoint(self.service, self.activity, keeper)
+        self.status = StatusEndpoint(self.service, self.activity, keeper, self.keys)
         self.batches = BatchRoutes(
             FileEndpoints(keeper), BatchEndpoints(keeper), MessageBatchEndpoints(keeper)
         )

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from mlxserve.api.batches.keeper import BatchKeeper
+from mlxserve.api.batches.owners import scope
 from mlxserve.api.guards import exposure_warning
+from mlxserve.keys.caller import current_caller
+from mlxserve.keys.gate import KeyGate
+from mlxserve.keys.store import day_of
 from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.activity import Activity
@@ -19,6 +24,7 @@ class StatusEndpoint:
     service: ChatService
     activity: Activity
     batches: BatchKeeper
+    keys: KeyGate
 
     def status(self) -> dict:
         worker, provider = self.service.worker, self.service.provider
@@ -29,8 +35,9 @@ class StatusEndpoint:
                 (provider.model_entry(name, spec), spec) for name, spec in provider.listed().items()
             )
         ] + [provider.adapter_entry(adapter) for adapter in provider.adapters.all()]
-        config = self.service.config
-        warning = exposure_warning(config.host, bool(config.api_key))
+        caller = current_caller()
+        models = [m for m in models if caller.allows(m["id"], m.get("base"))]
+        warning = exposure_warning(self.service.config.host, self.keys.required)
         return {
             "object": "status",
             "warnings": [warning] if warning else [],
@@ -44,9 +51,18 @@ class StatusEndpoint:
                 "prompt_cache_bytes": worker.prompt_cache.nbytes,
             },
             "models": models,
-            "recent": self.activity.recent(),
+            "recent": [
+                r for r in self.activity.recent() if caller.admin or r["key"] == caller.name
+            ],
             "batches": self._batches(),
+            "usage": self._usage_today(),
         }
+
+    def _usage_today(self) -> list[dict]:
+        """Today's usage by key and model: the caller's own, or every key's for an admin."""
+        caller, today = current_caller(), day_of(time.time())
+        rows = self.keys.usage(None if caller.admin else caller.name, today, today)
+        return [{"key": row.key, "model": row.model, **asdict(row.metered)} for row in rows]
 
     def _batches(self) -> dict:
         """The latest batches (both APIs') with their progress, and the latest files."""
@@ -65,7 +81,9 @@ class StatusEndpoint:
                 "created_at": batch.created_at,
                 "counts": asdict(batch.counts),
             }
-            for batch in store.batches(None, RECENT_BATCHES)
+            for batch in store.batches(None, RECENT_BATCHES, owner=scope())
         ]
-        files = [asdict(record) for record in store.files(None, RECENT_BATCHES, None, False)]
+        files = [
+            asdict(record) for record in store.files(None, RECENT_BATCHES, None, False, scope())
+        ]
         return {"error": None, "jobs": jobs, "files": files}

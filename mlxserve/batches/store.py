@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS files (
     filename TEXT NOT NULL,
     bytes INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
-    content BLOB NOT NULL
+    content BLOB NOT NULL,
+    owner TEXT
 );
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY,
@@ -45,7 +46,8 @@ CREATE TABLE IF NOT EXISTS batches (
     stamps TEXT NOT NULL DEFAULT '{}',
     output_file_id TEXT,
     error_file_id TEXT,
-    errors TEXT
+    errors TEXT,
+    owner TEXT
 );
 CREATE TABLE IF NOT EXISTS lines (
     batch_id TEXT NOT NULL,
@@ -86,6 +88,14 @@ class StoreBusy(Exception):
     """Another process holds the store."""
 
 
+class Everyone:
+    """Whose files and batches a query lists when it is not one key's (an admin's)."""
+
+
+EVERYONE = Everyone()
+Owner = str | None | Everyone  # an API key's name, None (made without keys), or anyone
+
+
 @dataclass(frozen=True)
 class FileRecord:
     id: str
@@ -93,6 +103,7 @@ class FileRecord:
     filename: str
     bytes: int
     created_at: int
+    owner: str | None = None  # the API key's name that uploaded it (None: no keys)
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,7 @@ class BatchRecord:
     output_file_id: str | None
     error_file_id: str | None
     errors: list[dict] | None
+    owner: str | None  # the API key's name that created it (None: no keys)
     counts: Counts = field(default_factory=Counts)
     usage: Usage = field(default_factory=Usage)
 
@@ -155,6 +167,7 @@ class LineRecord:
     outcome: str | None
     status_code: int | None
     result: dict | None
+    owner: str | None  # its batch's
 
     @property
     def key(self) -> tuple[str, int]:
@@ -180,6 +193,8 @@ class BatchStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # committed means on disk
         self._db.executescript(SCHEMA)
+        for table in ("files", "batches"):  # a store made before keys had owners
+            _add_column(self._db, table, "owner TEXT")
         self._mutex = threading.Lock()
 
     def close(self) -> None:
@@ -189,16 +204,17 @@ class BatchStore:
 
     # Files --------------------------------------------------------------------------
 
-    def add_file(self, purpose: str, filename: str, content: bytes) -> FileRecord:
-        record = FileRecord(new_id("file-"), purpose, filename, len(content), int(time.time()))
+    def add_file(
+        self, purpose: str, filename: str, content: bytes, owner: str | None = None
+    ) -> FileRecord:
+        now = int(time.time())
+        record = FileRecord(new_id("file-"), purpose, filename, len(content), now, owner)
         with self._write() as db:
             _insert_file(db, record, content)
         return record
 
     def file(self, file_id: str) -> FileRecord | None:
-        row = self._one(
-            "SELECT id, purpose, filename, bytes, created_at FROM files WHERE id=?", file_id
-        )
+        row = self._one(f"SELECT {FILE_COLUMNS} FROM files WHERE id=?", file_id)
         return FileRecord(*row) if row else None
 
     def content(self, file_id: str) -> bytes | None:
@@ -206,13 +222,19 @@ class BatchStore:
         return bytes(row[0]) if row else None
 
     def files(
-        self, purpose: str | None, limit: int, after: str | None, ascending: bool
+        self,
+        purpose: str | None,
+        limit: int,
+        after: str | None,
+        ascending: bool,
+        owner: Owner = EVERYONE,
     ) -> list[FileRecord]:
-        sql = "SELECT id, purpose, filename, bytes, created_at FROM files"
+        sql = f"SELECT {FILE_COLUMNS} FROM files"
         where, args = _page("files", after, ascending)
         if purpose is not None:
             where.append("purpose=?")
             args.append(purpose)
+        _owned(where, args, owner)
         order = "ASC" if ascending else "DESC"
         rows = self._all(f"{sql}{_where(where)} ORDER BY rowid {order} LIMIT ?", *args, limit)
         return [FileRecord(*row) for row in rows]
@@ -234,6 +256,7 @@ class BatchStore:
         metadata: dict | None = None,
         errors: list[dict] | None = None,
         prefix: str = "batch_",
+        owner: str | None = None,
     ) -> BatchRecord:
         """A new batch, running (or, with `errors`, failed at validation)."""
         now = int(time.time())
@@ -242,8 +265,8 @@ class BatchStore:
         with self._write() as db:
             db.execute(
                 "INSERT INTO batches (id, dialect, endpoint, input_file_id, completion_window,"
-                " metadata, status, created_at, expires_at, stamps, errors)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " metadata, status, created_at, expires_at, stamps, errors, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     batch_id,
                     dialect,
@@ -256,6 +279,7 @@ class BatchStore:
                     now + window_seconds,
                     json.dumps({stamp: now}),
                     _json(errors),
+                    owner,
                 ),
             )
             if not errors:
@@ -293,10 +317,12 @@ class BatchStore:
         limit: int,
         after: str | None = None,
         before: str | None = None,
+        owner: Owner = EVERYONE,
     ) -> list[BatchRecord]:
         """A dialect's batches (None: every one), the newest first, after (older than) or
-        before (newer than) a batch."""
+        before (newer than) a batch; `owner`'s only, or everyone's."""
         where, args = ([], []) if dialect is None else (["dialect=?"], [dialect])
+        _owned(where, args, owner)
         if after is not None:
             where.append("rowid < (SELECT rowid FROM batches WHERE id=?)")
             args.append(after)
@@ -424,8 +450,10 @@ class BatchStore:
         now = int(time.time())
         ids: dict[str, str | None] = {"output": None, "error": None}
         with self._write() as db:
+            owner = db.execute("SELECT owner FROM batches WHERE id=?", (batch_id,)).fetchone()
             for kind, name, content in outputs:
-                record = FileRecord(new_id("file-"), "batch_output", name, len(content), now)
+                file_id = new_id("file-")
+                record = FileRecord(file_id, "batch_output", name, len(content), now, owner[0])
                 _insert_file(db, record, content)
                 ids[kind] = record.id
             db.execute(
@@ -463,6 +491,7 @@ class BatchStore:
             output_file_id=row[10],
             error_file_id=row[11],
             errors=json.loads(row[12]) if row[12] else None,
+            owner=row[13],
             counts=Counts(
                 total=sum(counts.values()),
                 pending=counts.get(None, 0),
@@ -486,12 +515,14 @@ class BatchStore:
             return self._db.execute(sql, args).fetchall()
 
 
+FILE_COLUMNS = "id, purpose, filename, bytes, created_at, owner"
 BATCH_COLUMNS = (
     "id, dialect, endpoint, input_file_id, completion_window, metadata, status, created_at,"
-    " expires_at, stamps, output_file_id, error_file_id, errors"
+    " expires_at, stamps, output_file_id, error_file_id, errors, owner"
 )
 LINE_COLUMNS = (
-    "batch_id, line, custom_id, request_id, batches.endpoint, body, outcome, status_code, result"
+    "batch_id, line, custom_id, request_id, batches.endpoint, body, outcome, status_code, result,"
+    " batches.owner"
 )
 
 
@@ -525,15 +556,29 @@ def _line(row: tuple) -> LineRecord:
         outcome=row[6],
         status_code=row[7],
         result=json.loads(row[8]) if row[8] else None,
+        owner=row[9],
     )
 
 
 def _insert_file(db: sqlite3.Connection, record: FileRecord, content: bytes) -> None:
     db.execute(
-        "INSERT INTO files (id, purpose, filename, bytes, created_at, content)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (record.id, record.purpose, record.filename, record.bytes, record.created_at, content),
+        f"INSERT INTO files ({FILE_COLUMNS}, content) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (*astuple(record), content),
     )
+
+
+def _add_column(db: sqlite3.Connection, table: str, column: str) -> None:
+    names = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    if column.split()[0] not in names:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+
+def _owned(where: list[str], args: list[Any], owner: Owner) -> None:
+    """Narrow a query to one owner's rows (None: those made where there were no keys)."""
+    if isinstance(owner, Everyone):
+        return
+    where.append("owner IS ?")
+    args.append(owner)
 
 
 def _page(table: str, after: str | None, ascending: bool) -> tuple[list[str], list[Any]]:

@@ -20,6 +20,8 @@ class ErrorKind(Enum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body that is not JSON
     UNAVAILABLE = "unavailable"  # not ready: the generation thread is not running
     OVERLOADED = "overloaded"  # too much work now: retry after `retry_after` seconds
+    RATE_LIMITED = "rate_limited"  # over an API key's rate or concurrency limit
+    QUOTA_EXCEEDED = "quota_exceeded"  # an API key's tokens for the day are spent
     INTERNAL = "internal"  # a bug
 
 

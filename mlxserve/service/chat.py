@@ -16,6 +16,7 @@ from mlxserve.engine.jobs import PromptImages
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
+from mlxserve.keys.caller import current_caller, model_refused
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.models.tokenizer import longest_token
 from mlxserve.mtp.eagle3 import is_eagle3
@@ -41,7 +42,7 @@ from mlxserve.service.infill import infill_prompts
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
-from mlxserve.telemetry.record import current_request
+from mlxserve.telemetry.record import Metered, current_request
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,11 @@ class ChatService:
     def models(self) -> list[dict]:
         """Every servable model (the --model ones first) with its capabilities, then the
         adapters (with their base's)."""
-        provider = self.provider
+        provider, caller = self.provider, current_caller()
         models = [
             {**provider.model_entry(name, spec), "capabilities": self._capabilities(spec)}
             for name, spec in provider.listed().items()
+            if caller.allows(name)
         ]
         return models + [
             {
@@ -165,6 +167,7 @@ class ChatService:
                 "capabilities": self._capabilities(provider.served[adapter.base]),
             }
             for adapter in provider.adapters.all()
+            if caller.allows(adapter.name, adapter.base)
         ]
 
     def _capabilities(self, spec: ModelSpec) -> dict:
@@ -323,7 +326,7 @@ class ChatService:
         inputs = tokenized(request, tokenizer, self.provider.context_length(spec))
         vectors = embed(self.worker, spec, inputs, self.config.prefill_chunk, client_gone)
         if (record := current_request()) is not None:
-            record.add_usage(sum(map(len, inputs)), 0, 0)
+            record.meter(Metered(prompt_tokens=sum(map(len, inputs)), embedding_inputs=len(inputs)))
         return spec, Embeddings(shortened(vectors, request.dimensions), sum(map(len, inputs)))
 
     def generator(self, requested: str | None):
@@ -380,14 +383,18 @@ class ChatService:
         return spec
 
     def resolve(self, requested: str | None) -> ModelSpec:
-        """The spec of the model a request names (404 if not servable), noted in the
-        request's record."""
+        """The spec of the model a request names (404 if not servable, 403 if the
+        caller's key may not use it), noted in the request's record."""
         if not self.worker.alive:
             raise unavailable("The generation thread is not running.")
         spec = self.provider.resolve(requested)
+        adapter = self.provider.adapter(requested)
+        base = self.provider.name(spec)
+        name = adapter.name if adapter is not None else base
+        if not current_caller().allows(requested, name, base):
+            raise model_refused(requested or name)
         if (record := current_request()) is not None:
-            adapter = self.provider.adapter(requested)
-            record.model = adapter.name if adapter is not None else self.provider.name(spec)
+            record.model = name
         return spec
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):

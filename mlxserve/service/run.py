@@ -20,7 +20,7 @@ from mlxserve.protocol.errors import ClientGone, unavailable
 from mlxserve.service.priority import at_idle_priority
 from mlxserve.service.results import Choice, TokenLogprob, Usage
 from mlxserve.service.token_texts import TokenTexts
-from mlxserve.telemetry.record import current_request
+from mlxserve.telemetry.record import Metered, current_request
 
 POLL_SECONDS = 0.25
 DIVERGENCE_CONTEXT = 16  # tokens of text shown either side of where a prompt diverged
@@ -155,7 +155,16 @@ class GenerationRun:
         if event.diverged_at is not None and state.plan.counts_prompt:
             log.info(_divergence(state.plan.prompt, event.diverged_at, cached, self._texts))
         if self._record is not None:
-            self._record.add_usage(prompt, cached, event.completion_tokens)
+            images = state.plan.images
+            shown = len(images.spans) if images is not None and state.plan.counts_prompt else 0
+            self._record.meter(
+                Metered(
+                    prompt_tokens=prompt,
+                    cached_tokens=cached,
+                    completion_tokens=event.completion_tokens,
+                    images=shown,
+                )
+            )
 
     def _events(self, on_idle: Callable[[], None]) -> Iterator[tuple[int, Any]]:
         """(choice index, event) up to every choice's FinishEvent; cancels the jobs left

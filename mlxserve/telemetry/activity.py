@@ -50,6 +50,7 @@ def summary(record: RequestRecord) -> dict:
     ended = time.time() - (time.monotonic() - (record.finished or time.monotonic()))
     return {
         "request_id": record.request_id,
+        "key": record.key,
         "method": record.method,
         "path": record.path,
         "status": record.status,

@@ -4,6 +4,7 @@ and histograms fed from each finished request's record, gauges read when scraped
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import fields
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,7 +19,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mlxserve.telemetry.record import RequestRecord
+from mlxserve.telemetry.record import Metered, RequestRecord
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no *_created sample per series: noise for every dashboard
@@ -66,6 +67,13 @@ class Metrics:
             "mlxserve_prompt_cache_hit_tokens",
             "Prompt tokens taken from the prompt cache instead of processed.",
             ["model"],
+            registry=r,
+        )
+        self.key_usage = Counter(
+            "mlxserve_key_usage",
+            "What each API key used (by its name), by model and unit: requests, prompt, "
+            "cached and completion tokens, audio seconds, images, embedding inputs.",
+            ["key", "model", "unit"],
             registry=r,
         )
         self.ttft = Histogram(
@@ -147,6 +155,11 @@ class Metrics:
         self.generation_tokens.labels(model).inc(record.completion_tokens)
         if record.ttft is not None:
             self.ttft.labels(model).observe(record.ttft)
+
+    def meter(self, key: str, model: str, cost: Metered) -> None:
+        for unit in fields(Metered):
+            if value := getattr(cost, unit.name):
+                self.key_usage.labels(key, model, unit.name).inc(value)
 
     def observe_token_gap(self, model: str, seconds: float) -> None:
         self.inter_token.labels(model).observe(seconds)

@@ -11,7 +11,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # A client's id is kept if it is short and plain (it goes into headers and log lines).
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -24,6 +24,31 @@ def request_id(given: str | None) -> str:
     return f"req_{secrets.token_hex(12)}"
 
 
+@dataclass(frozen=True)
+class Metered:
+    """What one request (or a sum of them) cost, as usage accounting counts it."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    audio_seconds: float = 0.0
+    images: int = 0
+    embedding_inputs: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """What rate limits and quotas count: prompt (cached included) and completion."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Metered) -> Metered:
+        return Metered(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
+
+
+def _fields(metered: Metered) -> tuple:
+    return tuple(getattr(metered, f.name) for f in fields(metered))
+
+
 @dataclass
 class RequestRecord:
     request_id: str
@@ -31,16 +56,18 @@ class RequestRecord:
     path: str
     started: float = field(default_factory=time.monotonic)
     model: str | None = None  # the served model, once the request names one that exists
+    key: str | None = None  # the name of the API key it came with (None: no keys)
     status: int | None = None
     generated: bool = False  # it ran a generation (its tokens and latencies count)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
     first_token: float | None = None  # monotonic time of the first generated token
     finished: float | None = None
     # Told each gap between two tokens of a sequence (model, seconds), as it happens.
     on_token_gap: Callable[[str, float], None] | None = None
     on_token: Callable[[float], None] | None = None  # told each token's time
+    # Told each cost as it is known (usage accounting: it is written before it is
+    # reported); the first carries the request itself (requests=1).
+    on_metered: Callable[[Metered], None] | None = None
+    metered: Metered = field(default_factory=Metered)
 
     def token(self, at: float, previous: float | None) -> None:
         """A token arrived at `at`; `previous` is its sequence's last token, if any."""
@@ -52,9 +79,29 @@ class RequestRecord:
             self.on_token_gap(self.model or "", at - previous)
 
     def add_usage(self, prompt: int, cached: int, completion: int) -> None:
-        self.prompt_tokens += prompt
-        self.cached_tokens += cached
-        self.completion_tokens += completion
+        self.meter(
+            Metered(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
+        )
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.metered.prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.metered.cached_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.metered.completion_tokens
+
+    def meter(self, cost: Metered) -> None:
+        """Count `cost` against the request (the first cost also counts the request)."""
+        if not self.metered.requests:
+            cost += Metered(requests=1)
+        self.metered += cost
+        if self.on_metered is not None:
+            self.on_metered(cost)
 
     @property
     def ttft(self) -> float | None:

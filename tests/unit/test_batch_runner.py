@@ -12,14 +12,16 @@ from mlxserve.api.batches.openai import output_files
 from mlxserve.api.batches.runner import BatchRunner
 from mlxserve.api.openai.errors import error_reply
 from mlxserve.batches.store import EXPIRED, BatchStore, NewLine
+from mlxserve.keys.gate import KeyGate
 from mlxserve.protocol.errors import ErrorKind, ServiceError
 
 CHAT = "/v1/chat/completions"
 
 
 def run_until(store: BatchStore, batch_id: str, endpoint, status: str) -> None:
+    keys = KeyGate(store.path.with_name("keys.sqlite"), None, create=False)  # no keys
     runner = BatchRunner(
-        store, {CHAT: endpoint}, lambda path: error_reply, {"openai": output_files}, 2
+        store, {CHAT: endpoint}, lambda path: error_reply, {"openai": output_files}, 2, keys
     )
     runner.start()
     try:

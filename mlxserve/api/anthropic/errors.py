@@ -19,6 +19,8 @@ STATUS = {
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
     ErrorKind.UNAVAILABLE: (503, "api_error"),
     ErrorKind.OVERLOADED: (529, "overloaded_error"),
+    ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
+    ErrorKind.QUOTA_EXCEEDED: (429, "rate_limit_error"),
     ErrorKind.INTERNAL: (500, "api_error"),
 }
 

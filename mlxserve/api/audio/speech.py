@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import Field
 
 from mlxserve.api.openai.errors import error_body
@@ -20,6 +22,7 @@ from mlxserve.audio.service import synthesize
 from mlxserve.audio.speech import SpeechRequest
 from mlxserve.protocol.errors import ClientGone, bad_request
 from mlxserve.service.chat import ChatService
+from mlxserve.telemetry.record import Metered, current_request
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit
 
@@ -48,7 +51,7 @@ class SpeechEndpoints:
             raise bad_request("input must hold text to speak.", "input")
         request = SpeechRequest(wire.model, wire.input.strip(), wire.voice, wire.speed)
         rate, audio = synthesize(service.worker, spec, request, responder.client_gone)
-        encoded = encode(audio, rate, wire.response_format)
+        encoded = encode(_metered(audio, rate), rate, wire.response_format)
         fmt = OUTPUT_FORMATS[wire.response_format]
         if wire.stream_format == "sse":
             _events(responder, encoded)
@@ -57,6 +60,16 @@ class SpeechEndpoints:
         else:
             return RawReply(fmt.content_type, b"".join(encoded))
         return None
+
+
+def _metered(parts: Iterator[np.ndarray], rate: int) -> Iterator[np.ndarray]:
+    """The audio's parts, its seconds counted in the request's record after the last."""
+    record, samples = current_request(), 0
+    for part in parts:
+        samples += len(part)
+        yield part
+    if record is not None:
+        record.meter(Metered(audio_seconds=samples / rate))
 
 
 def _chunks(responder: Responder, encoded, content_type: str) -> None:

@@ -24,7 +24,7 @@ from mlxserve.audio.transcription import (
 )
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request
 from mlxserve.service.chat import ChatService
-from mlxserve.telemetry.record import current_request
+from mlxserve.telemetry.record import Metered, current_request
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAMED_FORMATS = ("json", "text")  # a stream carries text; timings need the whole
@@ -121,7 +121,7 @@ class TranscriptionEndpoints:
         audio = decode(form.audio, SAMPLE_RATE)
         seconds = len(audio) / SAMPLE_RATE
         windows = _counted(
-            transcribe(service.worker, spec, audio, form.options, responder.client_gone)
+            transcribe(service.worker, spec, audio, form.options, responder.client_gone), seconds
         )
         if form.stream:
             _stream(responder, windows, seconds)
@@ -129,14 +129,17 @@ class TranscriptionEndpoints:
         return _reply(form, list(windows), seconds)
 
 
-def _counted(windows: Iterator[Window]) -> Iterator[Window]:
+def _counted(windows: Iterator[Window], seconds: float) -> Iterator[Window]:
     """The windows, each one's transcript tokens counted in the request's record (the
-    access log and metrics: as completion tokens)."""
+    access log and metrics: as completion tokens), and the audio's `seconds` once the
+    last is out."""
     record = current_request()
     for window in windows:
         if record is not None:
             record.add_usage(0, 0, sum(len(s.tokens) for s in window.segments))
         yield window
+    if record is not None:
+        record.meter(Metered(audio_seconds=seconds))
 
 
 def _usage(seconds: float) -> dict:

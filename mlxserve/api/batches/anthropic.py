@@ -12,6 +12,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from mlxserve.api.batches.keeper import BatchKeeper
+from mlxserve.api.batches.owners import new_owner, scope, visible
 from mlxserve.api.batches.query import Query
 from mlxserve.api.responder import RawReply, Responder
 from mlxserve.api.wire import Strict, parse
@@ -124,7 +125,13 @@ class MessageBatchEndpoints:
             NewLine(request.custom_id, body=_body(request.params)) for request in wire.requests
         ]
         batch = self.keeper.store().create_batch(
-            "anthropic", MESSAGES, lines, WINDOW_SECONDS, "24h", prefix="msgbatch_"
+            "anthropic",
+            MESSAGES,
+            lines,
+            WINDOW_SECONDS,
+            "24h",
+            prefix="msgbatch_",
+            owner=new_owner(),
         )
         self.keeper.wake()
         return batch_object(batch, _origin(responder))
@@ -137,7 +144,7 @@ class MessageBatchEndpoints:
         limit = query.limit(20, 1000)
         store = self.keeper.existing()
         after, before = query.text("after_id"), query.text("before_id")
-        records = store.batches("anthropic", limit + 1, after, before) if store else []
+        records = store.batches("anthropic", limit + 1, after, before, scope()) if store else []
         shown = records[:limit] if query.text("before_id") is None else records[-limit:]
         origin = _origin(responder)
         return {
@@ -181,7 +188,7 @@ class MessageBatchEndpoints:
     def _batch(self, batch_id: str) -> BatchRecord:
         store = self.keeper.existing()
         batch = store.batch(batch_id) if store else None
-        if batch is None or batch.dialect != "anthropic":
+        if batch is None or batch.dialect != "anthropic" or not visible(batch.owner):
             raise not_found(f"No such message batch: {batch_id}", param="id")
         return batch
 

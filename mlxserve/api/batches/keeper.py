@@ -13,6 +13,7 @@ from mlxserve.api.batches.runner import BatchRunner, Endpoint, Outputs
 from mlxserve.api.errors import ErrorRenderer
 from mlxserve.batches.store import BatchStore, StoreBusy
 from mlxserve.config import ServerConfig
+from mlxserve.keys.gate import KeyGate
 from mlxserve.models.demo import cache_root
 from mlxserve.protocol.errors import ServiceError, unavailable
 
@@ -28,8 +29,10 @@ class BatchKeeper:
         endpoints: dict[str, Endpoint],
         errors: Callable[[str], ErrorRenderer],
         outputs: dict[str, Outputs],
+        keys: KeyGate,
     ):
         self.config = config
+        self._keys = keys
         self.path: Path = config.batch_db or cache_root() / STORE_NAME
         self._endpoints = endpoints
         self._errors = errors
@@ -63,7 +66,12 @@ class BatchKeeper:
                 )
                 raise self._refusal from e
             runner = BatchRunner(
-                store, self._endpoints, self._errors, self._outputs, self.config.max_concurrent
+                store,
+                self._endpoints,
+                self._errors,
+                self._outputs,
+                self.config.max_concurrent,
+                self._keys,
             )
             runner.start()
             self._store, self._runner = store, runner

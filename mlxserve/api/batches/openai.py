@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import Field, ValidationInfo, field_validator
 
 from mlxserve.api.batches.keeper import BatchKeeper
+from mlxserve.api.batches.owners import new_owner, scope, visible
 from mlxserve.api.batches.query import Query
 from mlxserve.api.multipart import parse_form
 from mlxserve.api.responder import RawReply, Responder
@@ -241,7 +242,8 @@ class FileEndpoints:
                 param="file",
                 code="file_too_large",
             )
-        record = self.keeper.store().add_file(purpose, form.filenames.get("file", "file"), content)
+        name = form.filenames.get("file", "file")
+        record = self.keeper.store().add_file(purpose, name, content, new_owner())
         return file_object(record)
 
     def list(self, query: Query) -> dict:
@@ -251,7 +253,9 @@ class FileEndpoints:
         store = self.keeper.existing()
         after = query.text("after")
         records = (
-            store.files(query.text("purpose"), limit + 1, after, order == "asc") if store else []
+            store.files(query.text("purpose"), limit + 1, after, order == "asc", scope())
+            if store
+            else []
         )
         return _page([file_object(r) for r in records], limit)
 
@@ -271,7 +275,7 @@ class FileEndpoints:
     def _file(self, file_id: str) -> FileRecord:
         store = self.keeper.existing()
         record = store.file(file_id) if store else None
-        if record is None:
+        if record is None or not visible(record.owner):
             raise not_found(f"No such File object: {file_id}", param="id", code="file_not_found")
         return record
 
@@ -286,7 +290,7 @@ class BatchEndpoints:
         wire = parse(BatchCreate, raw)
         store = self.keeper.store()
         record = store.file(wire.input_file_id)
-        if record is None:
+        if record is None or not visible(record.owner):
             raise not_found(
                 f"No such File object: {wire.input_file_id}",
                 param="input_file_id",
@@ -309,6 +313,7 @@ class BatchEndpoints:
             input_file_id=record.id,
             metadata=wire.metadata,
             errors=validated.errors or None,
+            owner=new_owner(),
         )
         self.keeper.wake()
         return batch_object(batch)
@@ -320,7 +325,8 @@ class BatchEndpoints:
         """GET /v1/batches?limit=&after= (the newest first)."""
         limit = query.limit(20, 100)
         store = self.keeper.existing()
-        records = store.batches("openai", limit + 1, after=query.text("after")) if store else []
+        after = query.text("after")
+        records = store.batches("openai", limit + 1, after, owner=scope()) if store else []
         return _page([batch_object(r) for r in records], limit)
 
     def cancel(self, batch_id: str, raw: bytes, responder: Responder) -> dict:
@@ -339,7 +345,7 @@ class BatchEndpoints:
     def _batch(self, batch_id: str) -> BatchRecord:
         store = self.keeper.existing()
         batch = store.batch(batch_id) if store else None
-        if batch is None or batch.dialect != "openai":
+        if batch is None or batch.dialect != "openai" or not visible(batch.owner):
             raise not_found(f"No such Batch object: {batch_id}", param="id", code="batch_not_found")
         return batch
 

@@ -35,6 +35,8 @@ from mlxserve.batches.store import (
     LineRecord,
     Usage,
 )
+from mlxserve.keys.caller import calling
+from mlxserve.keys.gate import KeyGate
 from mlxserve.protocol.errors import (
     PREEMPTED,
     ClientGone,
@@ -89,15 +91,18 @@ class BatchRunner:
         errors: Callable[[str], ErrorRenderer],
         outputs: dict[str, Outputs],
         concurrency: int,
+        keys: KeyGate,
     ):
         """`endpoints`: by path, what runs a line; `errors`: a path's error shape;
         `outputs`: by dialect, the result files an ended batch gets; `concurrency`: most
-        lines running at once (the batch's decode slots)."""
+        lines running at once (the batch's decode slots); `keys`: who a line runs as (its
+        batch's owner), charged its usage."""
         self._store = store
         self._endpoints = endpoints
         self._errors = errors
         self._outputs = outputs
         self._concurrency = concurrency
+        self._keys = keys
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="batch-line")
         self._running: set[tuple[str, int]] = set()
         self._not_before: dict[tuple[str, int], float] = {}
@@ -167,11 +172,14 @@ class BatchRunner:
 
     def _run(self, line: LineRecord) -> None:
         try:
-            answer = self._answer(line)
+            answer, record = self._answer(line)
             if answer is not None and not self._stopping:
                 outcome = SUCCEEDED if answer.status == 200 else ERRORED
                 usage = _usage(answer.body) if outcome == SUCCEEDED else Usage()
-                self._store.record(line.key, outcome, answer.status, answer.body, usage)
+                written = self._store.record(line.key, outcome, answer.status, answer.body, usage)
+                if written and line.owner is not None and record.metered.requests:
+                    # charged once its result is written: a line run again is not
+                    self._keys.charge(line.owner, record.model or "", record.metered)
         except Exception:
             log.exception("batch line %s:%d failed", line.batch_id, line.line)
         finally:
@@ -179,8 +187,9 @@ class BatchRunner:
                 self._running.discard(line.key)
             self._wake.set()
 
-    def _answer(self, line: LineRecord) -> Answer | None:
-        """The line's request through its endpoint; None where it must run again."""
+    def _answer(self, line: LineRecord) -> tuple[Answer | None, RequestRecord]:
+        """The line's request through its endpoint (None where it must run again), and
+        what it cost."""
         record = RequestRecord(line.request_id, "POST", f"{line.url} (batch {line.batch_id})")
         with recording(record):
             answer = self._reply(line)
@@ -188,13 +197,13 @@ class BatchRunner:
                 record.status = answer.status
                 record.finished = time.monotonic()
                 access_log.info(record.access_line())
-        return answer
+        return answer, record
 
     def _reply(self, line: LineRecord) -> Answer | None:
         endpoint = self._endpoints[line.url]
         responder = _LineResponder(lambda: self._stopping or self._cancelled(line.batch_id))
         try:
-            with idle_priority():
+            with idle_priority(), calling(self._keys.caller_named(line.owner)):
                 reply = endpoint(line.body or b"{}", responder)
             if not isinstance(reply, dict):
                 raise RuntimeError(f"{line.url} gave no JSON reply")

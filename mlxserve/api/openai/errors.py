@@ -18,6 +18,8 @@ STATUS = {
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
     ErrorKind.UNAVAILABLE: (503, "server_error"),
     ErrorKind.OVERLOADED: (503, "server_error"),
+    ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
+    ErrorKind.QUOTA_EXCEEDED: (429, "insufficient_quota"),
     ErrorKind.INTERNAL: (500, "server_error"),
 }
 

@@ -394,6 +394,21 @@ function renderStatus(status) {
     el("td", { textContent: rate(r.tokens_per_second) }),
     el("td", { textContent: seconds(r.seconds) }))));
   renderBatches(status.batches);
+  renderUsage(status.usage);
+}
+
+// Today's use per API key and model (a key sees its own; an admin key, everyone's).
+function renderUsage(usage) {
+  $("usage-note").hidden = usage.length > 0;
+  $("usage-table").tBodies[0].replaceChildren(...usage.map((u) => el("tr", {},
+    el("td", { textContent: u.key }),
+    el("td", { textContent: u.model || "—" }),
+    el("td", { textContent: u.requests }),
+    el("td", { textContent: `${u.prompt_tokens} (${u.cached_tokens})` }),
+    el("td", { textContent: u.completion_tokens }),
+    el("td", { textContent: u.audio_seconds.toFixed(1) }),
+    el("td", { textContent: u.images }),
+    el("td", { textContent: u.embedding_inputs }))));
 }
 
 function when(unixSeconds) {
