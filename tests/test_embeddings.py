@@ -123,6 +123,22 @@ def test_inputs_over_the_limit(embedder):
     np.testing.assert_allclose(
         reply["data"][0]["embedding"], reference(path, ids[-LIMIT:]), atol=2e-4
     )
+    # A text far past the size guard is truncated too (cut by characters first), to the
+    # same last tokens, and with a fixed count of them.
+    huge = "the river " * 100_000 + text  # a megabyte
+    status, _, reply = srv.post(EMBEDDINGS, {**body, "input": huge})
+    assert status == 200 and reply["usage"]["prompt_tokens"] == LIMIT, reply
+    np.testing.assert_allclose(
+        reply["data"][0]["embedding"], reference(path, ids[-LIMIT:]), atol=2e-4
+    )
+    status, _, reply = srv.post(EMBEDDINGS, {**body, "input": huge, "truncate_prompt_tokens": 5})
+    assert status == 200 and reply["usage"]["prompt_tokens"] == 5
+    status, _, reply = srv.post(EMBEDDINGS, {"model": "default", "input": huge})
+    assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+    status, _, reply = srv.post(
+        EMBEDDINGS, {**body, "input": huge, "truncate_prompt_tokens": LIMIT + 5}
+    )
+    assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
 
 
 def test_wrong_model_kind_and_bad_input(embedder, server):

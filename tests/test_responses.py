@@ -617,9 +617,23 @@ def test_context_length_exceeded_and_truncation_auto(launch, tiny_model):
     assert reply["truncation"] == "auto"
     kept = [{"role": "system", "content": "You are a pirate."}, *conv.messages]
     assert reply["usage"]["input_tokens"] == chat_prompt_tokens(srv, kept)
-    alone = {**request, "input": [{"role": "user", "content": "word " * 200}]}
-    status, _, reply = srv.post(RESPONSES, {**alone, "truncation": "auto"})
-    assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+    # One input too long alone: truncation disabled refuses it; auto keeps its end, as
+    # much as fits with room to answer, also a megabyte past the size guard.
+    for size in (200, 200_000):
+        text = "word " * size + "What is the capital of France?"
+        alone = {**request, "input": [{"role": "user", "content": text}]}
+        status, _, reply = srv.post(RESPONSES, alone)
+        assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+        status, _, reply = srv.post(RESPONSES, {**alone, "truncation": "auto"})
+        assert status == 200 and reply["status"] in ("completed", "incomplete"), reply
+        assert reply.get("incomplete_details") in (None, {"reason": "max_output_tokens"})
+        used = reply["usage"]["input_tokens"]
+        assert 120 - 20 - 8 <= used <= 120 - 20  # most of the room, and room for max_output
+    tail = "word " * 20 + "What is the capital of France?"
+    status, _, reply = srv.post(
+        RESPONSES, {**request, "input": [{"role": "user", "content": tail}]}
+    )
+    assert status == 200 and reply["usage"]["input_tokens"] < used  # short: nothing cut
 
 
 def test_keepalive_while_waiting(launch, tiny_model):

@@ -34,15 +34,27 @@ from mlxserve.protocol.request import (
     CompletionRequest,
     EmbeddingRequest,
     GenerationRequest,
+    TextPart,
 )
 from mlxserve.service.checkpoints import SystemEnds
-from mlxserve.service.embeddings import Embeddings, embed, shortened, tokenized
+from mlxserve.service.embeddings import (
+    Embeddings,
+    cut_for_truncation,
+    embed,
+    shortened,
+    tokenized,
+)
 from mlxserve.service.grammars import chat_grammar, completion_grammar
 from mlxserve.service.infill import infill_prompts
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
 from mlxserve.telemetry.record import Metered, current_request
+
+# A last turn cut to fit the context (Responses' truncation "auto"): at most this many
+# renders, each cut scaled from the tokens still over, with this much to spare.
+CUT_ROUNDS = 8
+CUT_SLACK = 1.05
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,9 @@ class ChatService:
         prompt, images = self._render(spec, tokenizer, request, injected)
         if request.drop_oldest_to_fit:
             request, (prompt, images) = self._drop_oldest(
+                spec, tokenizer, request, injected, (prompt, images)
+            )
+            request, (prompt, images) = self._cut_last_turn(
                 spec, tokenizer, request, injected, (prompt, images)
             )
         markup = chat_markup(
@@ -304,7 +319,9 @@ class ChatService:
         for candidate in _without_oldest_turns(request):
             if candidate.text_length <= bound:
                 return candidate
-        return request
+        # The last turn alone is too long: its text loses its start (never tokenized whole).
+        last = (_without_oldest_turns(request) or [request])[-1]
+        return _keep_last_chars(last, last.messages[-1].text_length - (last.text_length - bound))
 
     def embed(
         self, request: EmbeddingRequest, client_gone: Callable[[], bool] = lambda: False
@@ -320,10 +337,16 @@ class ChatService:
             request.model, "embedding", "it does not compute embeddings", "model_not_embedding"
         )
         tokenizer = self.provider.tokenizer(spec)
-        for i, given in enumerate(request.inputs):
-            if isinstance(given, str):
-                self._check_text(spec, tokenizer, len(given), f"{request.inputs_param}[{i}]")
-        inputs = tokenized(request, tokenizer, self.provider.context_length(spec))
+        limit = self.provider.context_length(spec)
+        if limit is not None and request.keep_last_tokens is not None:
+            # truncated, not refused: cut by characters first, so as bounded as the guard
+            request = cut_for_truncation(request, limit, longest_token(tokenizer))
+        else:
+            for i, given in enumerate(request.inputs):
+                if isinstance(given, str):
+                    param = f"{request.inputs_param}[{i}]"
+                    self._check_text(spec, tokenizer, len(given), param)
+        inputs = tokenized(request, tokenizer, limit)
         vectors = embed(self.worker, spec, inputs, self.config.prefill_chunk, client_gone)
         if (record := current_request()) is not None:
             record.meter(Metered(prompt_tokens=sum(map(len, inputs)), embedding_inputs=len(inputs)))
@@ -402,14 +425,7 @@ class ChatService:
         stay) as far as needed for its prompt to fit the context with room for an answer.
         When even the last turn alone does not fit, the request as it is (its context error
         follows)."""
-        limit = self.provider.context_length(spec)
-
-        def fits(prompt: list[int]) -> bool:
-            """With room to answer: max_tokens, up to a quarter of the context."""
-            room = min(request.max_tokens or 1, (limit or 0) // 4) or 1
-            return limit is None or len(prompt) + room <= limit
-
-        if fits(rendered[0]):
+        if self._fits(spec, request, rendered[0]):
             return request, rendered
         candidates = _without_oldest_turns(request)
         best = request, rendered
@@ -418,11 +434,48 @@ class ChatService:
             middle = (low + high) // 2
             candidate = candidates[middle]
             prompt = self._render(spec, tokenizer, candidate, injected)
-            if fits(prompt[0]):
+            if self._fits(spec, request, prompt[0]):
                 best, high = (candidate, prompt), middle - 1
             else:
                 low = middle + 1
         return best
+
+    def _fits(self, spec: ModelSpec, request: ChatRequest, prompt: list[int]) -> bool:
+        """With room to answer: max_tokens, up to a quarter of the context."""
+        limit = self.provider.context_length(spec)
+        room = min(request.max_tokens or 1, (limit or 0) // 4) or 1
+        return limit is None or len(prompt) + room <= limit
+
+    def _cut_last_turn(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
+        """Where the last turn alone does not fit, its text without as much of its start
+        as it takes to fit: each cut scaled from the text's tokens as measured, then one
+        step back up where the text's density left room (a context error follows where
+        even its empty turn does not fit)."""
+        limit = self.provider.context_length(spec)
+        if limit is None or not request.messages or self._fits(spec, request, rendered[0]):
+            return request, rendered
+        room = limit - min(request.max_tokens or 1, limit // 4)
+        fixed = len(self._render(spec, tokenizer, _keep_last_chars(request, 0), injected)[0])
+        if fixed >= room:
+            return request, rendered
+        whole, text = request, request.messages[-1].text_length
+
+        def scaled() -> int:
+            return int(text * (room - fixed) / max(len(rendered[0]) - fixed, 1) / CUT_SLACK)
+
+        for _ in range(CUT_ROUNDS):
+            if self._fits(spec, request, rendered[0]):
+                grown = scaled()
+                if grown > text:
+                    larger = _keep_last_chars(whole, grown)
+                    prompt = self._render(spec, tokenizer, larger, injected)
+                    if self._fits(spec, larger, prompt[0]):
+                        return larger, prompt
+                break
+            text = scaled()
+            request = _keep_last_chars(whole, text)
+            rendered = self._render(spec, tokenizer, request, injected)
+        return request, rendered
 
     def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):
         config = self.provider.config_for(spec)
@@ -436,6 +489,29 @@ class ChatService:
             ImageLimits.from_config(self.config),
         )
         return render_vision_chat(vision, request, template_args, template, injected)
+
+
+def _keep_last_chars(request: ChatRequest, chars: int) -> ChatRequest:
+    """The request with its last message's text cut to its last `chars` characters (text
+    parts from the end; a message with images or tool calls is left as it is)."""
+    last = request.messages[-1] if request.messages else None
+    if last is None or last.tool_calls:
+        return request
+    parts = (TextPart(last.content),) if isinstance(last.content, str) else last.content or ()
+    if not all(isinstance(p, TextPart) for p in parts):
+        return request
+    kept: list[TextPart] = []
+    for part in reversed(parts):
+        assert isinstance(part, TextPart)
+        left = max(chars, 0) - sum(len(p.text) for p in kept)
+        if left <= 0:
+            break
+        kept.insert(0, TextPart(part.text[-left:]))
+    if isinstance(last.content, str):
+        content: str | tuple[TextPart, ...] = kept[0].text if kept else ""
+    else:
+        content = tuple(kept)
+    return replace(request, messages=(*request.messages[:-1], replace(last, content=content)))
 
 
 def _without_oldest_turns(request: ChatRequest) -> list[ChatRequest]:

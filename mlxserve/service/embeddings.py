@@ -4,7 +4,7 @@ limit, embedded on the generation thread in bounded pieces, cut to `dimensions`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -18,12 +18,32 @@ from mlxserve.protocol.request import EmbeddingRequest
 from mlxserve.service.sharing import shared_call
 
 EMBED_BATCH = 32  # the most inputs embedded in one forward pass
+# Tokens kept beyond those a truncation asks for when a text is first cut by characters:
+# the cut may tokenize differently near where it falls, never this far from it.
+CUT_MARGIN = 16
 
 
 @dataclass(frozen=True)
 class Embeddings:
     vectors: np.ndarray  # float32, one row per input
     prompt_tokens: int
+
+
+def cut_for_truncation(request: EmbeddingRequest, limit: int, longest: int) -> EmbeddingRequest:
+    """With truncation asked for, each text cut to its last characters that could hold the
+    tokens it keeps (no text of n * `longest` characters is fewer than n tokens): a
+    megabyte is truncated, not refused by the size guard before it is tokenized, and
+    never tokenized whole. Asking to keep more than `limit` keeps enough to be refused."""
+    keep = request.keep_last_tokens
+    if keep is None:
+        return request
+    wanted = limit if keep == -1 else min(keep, limit + 1)
+    chars = (wanted + CUT_MARGIN) * longest
+    inputs = tuple(
+        given[-chars:] if isinstance(given, str) and len(given) > chars else given
+        for given in request.inputs
+    )
+    return replace(request, inputs=inputs)
 
 
 def tokenized(request: EmbeddingRequest, tokenizer, limit: int | None) -> list[list[int]]:
