@@ -18,14 +18,17 @@ from mlxserve.api.batches.routes import is_batch_path
 from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
+from mlxserve.api.openapi.document import document
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
 from mlxserve.api.routes import (
     GET_PATHS,
     HEALTH_PATHS,
+    KEYLESS_PATHS,
     KEYS_PATHS,
     METRICS_PATHS,
     MODEL_PREFIXES,
     MODELS_PATHS,
+    OPENAPI_PATHS,
     RESPONSE_PREFIXES,
     STATUS_PATHS,
     USAGE_PATHS,
@@ -92,6 +95,7 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def do_OPTIONS(self) -> None:
         self.record = RequestRecord(request_id(self.headers.get("X-Request-Id")), "OPTIONS", "")
+        self._drain()
         self.send_response(204)
         self.send_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
         # The SDKs in a browser also send their own x-stainless-* headers: allow what is asked.
@@ -112,6 +116,25 @@ class APIHandler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         with self.app.answering():
             self._handle(self._delete)
+
+    def __getattr__(self, name: str):
+        """Any other method (PUT, PATCH, TRACE, HEAD...): a 405 in the path's dialect,
+        where http.server would answer 501 in HTML."""
+        if name.startswith("do_"):
+            return self._other_method
+        raise AttributeError(name)
+
+    def _other_method(self) -> None:
+        with self.app.answering():
+            self._handle(self._not_allowed)
+
+    def _not_allowed(self, path: str) -> None:
+        raise ServiceError(
+            ErrorKind.METHOD_NOT_ALLOWED,
+            f"Method {self.command} is not allowed; this server answers GET, POST, DELETE "
+            "and OPTIONS.",
+            code="method_not_allowed",
+        )
 
     def setup(self) -> None:
         # A client silent this long (an unfinished body, an idle kept-alive connection) is
@@ -159,13 +182,15 @@ class APIHandler(BaseHTTPRequestHandler):
         """Route the request; errors become the dialect's error reply. Returns the path."""
         self.streaming = False
         self.body_read = False
+        if self.command != "POST":
+            self._drain()
         routes: Routes = self.app.routes
         config = self.app.config
         path = "/"
         try:
             path = urlsplit(self.path).path.rstrip("/") or "/"
             check_host(self.headers, config.allowed_hosts, config.host)
-            if path in HEALTH_PATHS or is_asset_path(path):
+            if path in KEYLESS_PATHS or is_asset_path(path):
                 route(path)  # the web app's files hold no data: its API calls do
             else:
                 assert self.record is not None
@@ -198,6 +223,8 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_json(200, self.app.routes.usage.usage(urlsplit(self.path).query))
         elif path in KEYS_PATHS:
             self._send_json(200, self.app.routes.usage.keys())
+        elif path in OPENAPI_PATHS:
+            self._send_json(200, document())
         elif path.startswith(MODEL_PREFIXES):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
         elif path.startswith(RESPONSE_PREFIXES):
@@ -264,6 +291,18 @@ class APIHandler(BaseHTTPRequestHandler):
         raise not_found(f"Unknown path: {path}", code="unknown_url")
 
     # Requests ---------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """A body no endpoint reads (a GET's, a preflight's...) is read and dropped, so
+        that it is never taken for the next request on the connection; one past the body
+        limit closes the connection after the reply instead."""
+        self.body_read = False
+        if not self._has_body():
+            return
+        try:
+            self._read_body(self.app.config.max_body_bytes)
+        except ServiceError:
+            self.close_connection = True
 
     def _read_body(self, limit: int) -> bytes:
         framing = body_framing(self.headers)
@@ -382,6 +421,8 @@ class APIHandler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
+        if self.command == "HEAD":  # its headers only, as HTTP has it
+            return
         try:
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from mlxserve.api.anthropic.endpoints import AnthropicEndpoints
 from mlxserve.api.anthropic.errors import error_reply as anthropic_error
@@ -68,7 +69,18 @@ METRICS_PATHS = ("/metrics",)
 STATUS_PATHS = ("/v1/status", "/status")
 USAGE_PATHS = ("/v1/usage", "/usage")
 KEYS_PATHS = ("/v1/keys", "/keys")
-GET_PATHS = HEALTH_PATHS + MODELS_PATHS + METRICS_PATHS + STATUS_PATHS + USAGE_PATHS + KEYS_PATHS
+OPENAPI_PATHS = ("/openapi.json",)
+GET_PATHS = (
+    HEALTH_PATHS
+    + MODELS_PATHS
+    + METRICS_PATHS
+    + STATUS_PATHS
+    + USAGE_PATHS
+    + KEYS_PATHS
+    + OPENAPI_PATHS
+)
+# Answered without an API key: what a load balancer polls, and the API's description.
+KEYLESS_PATHS = HEALTH_PATHS + OPENAPI_PATHS
 # What only an admin key may ask (where the server has keys).
 ADMIN_PATHS = (
     LOAD_PATHS
@@ -78,6 +90,30 @@ ADMIN_PATHS = (
     + ADAPTER_UNLOAD_PATHS
     + METRICS_PATHS
     + KEYS_PATHS
+)
+
+# Each group of POST paths and the endpoint that answers it (an attribute of Routes).
+POST_ROUTES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (CHAT_PATHS, "openai.chat"),
+    (COMPLETION_PATHS, "openai.completion"),
+    (MESSAGES_PATHS, "anthropic.messages"),
+    (COUNT_TOKENS_PATHS, "anthropic.count_tokens"),
+    (RESPONSES_PATHS, "responses.create"),
+    (COMPACT_PATHS, "responses.compact"),
+    (EMBEDDINGS_PATHS, "embeddings.embeddings"),
+    (RERANK_PATHS, "rerank.rerank"),
+    (SCORE_PATHS, "rerank.score"),
+    (TRANSCRIPTION_PATHS, "transcription.transcriptions"),
+    (TRANSLATION_PATHS, "transcription.translations"),
+    (SPEECH_PATHS, "speech.speech"),
+    (LOAD_PATHS, "openai.load_model"),
+    (UNLOAD_PATHS, "openai.unload_model"),
+    (PIN_PATHS, "openai.pin_model"),
+    (ADAPTER_LOAD_PATHS, "openai.load_adapter"),
+    (ADAPTER_UNLOAD_PATHS, "openai.unload_adapter"),
+    (TOKENIZE_PATHS, "tokenizer.tokenize"),
+    (INFILL_PATHS, "infill.infill"),
+    (DETOKENIZE_PATHS, "tokenizer.detokenize"),
 )
 
 # A POST endpoint: (request body, the connection) -> a JSON reply, a whole reply of
@@ -119,26 +155,7 @@ class Routes:
         self.speech = SpeechEndpoints(self.service)
         self.infill = InfillEndpoints(self.service)
         self.post = {
-            **dict.fromkeys(CHAT_PATHS, self.openai.chat),
-            **dict.fromkeys(COMPLETION_PATHS, self.openai.completion),
-            **dict.fromkeys(MESSAGES_PATHS, self.anthropic.messages),
-            **dict.fromkeys(COUNT_TOKENS_PATHS, self.anthropic.count_tokens),
-            **dict.fromkeys(RESPONSES_PATHS, self.responses.create),
-            **dict.fromkeys(COMPACT_PATHS, self.responses.compact),
-            **dict.fromkeys(EMBEDDINGS_PATHS, self.embeddings.embeddings),
-            **dict.fromkeys(RERANK_PATHS, self.rerank.rerank),
-            **dict.fromkeys(SCORE_PATHS, self.rerank.score),
-            **dict.fromkeys(TRANSCRIPTION_PATHS, self.transcription.transcriptions),
-            **dict.fromkeys(TRANSLATION_PATHS, self.transcription.translations),
-            **dict.fromkeys(SPEECH_PATHS, self.speech.speech),
-            **dict.fromkeys(LOAD_PATHS, self.openai.load_model),
-            **dict.fromkeys(UNLOAD_PATHS, self.openai.unload_model),
-            **dict.fromkeys(PIN_PATHS, self.openai.pin_model),
-            **dict.fromkeys(ADAPTER_LOAD_PATHS, self.openai.load_adapter),
-            **dict.fromkeys(ADAPTER_UNLOAD_PATHS, self.openai.unload_adapter),
-            **dict.fromkeys(TOKENIZE_PATHS, self.tokenizer.tokenize),
-            **dict.fromkeys(INFILL_PATHS, self.infill.infill),
-            **dict.fromkeys(DETOKENIZE_PATHS, self.tokenizer.detokenize),
+            path: attrgetter(endpoint)(self) for paths, endpoint in POST_ROUTES for path in paths
         }
         # Batch lines run through the endpoints a client's request of their kind takes.
         lines = {path: self.post[path] for path in (*BATCH_ENDPOINTS, MESSAGES)}

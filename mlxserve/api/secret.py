@@ -10,6 +10,7 @@ then (a test, a script importing the dialects) a random key of this process stan
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -26,6 +27,12 @@ _key = secrets.token_bytes(KEY_BYTES)
 
 def current() -> bytes:
     return _key
+
+
+def matches(expected: str, given: str) -> bool:
+    """Whether a client's `given` tag is the `expected` one, in constant time (compared as
+    bytes: hmac refuses strings that are not ASCII, which a client may send)."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogatepass"))
 
 
 def install(given: str | None, folder: Path) -> None:

@@ -49,6 +49,11 @@ def chat_text(
             param="messages",
         )
     messages = [_template_message(m, takes_images) for m in request.messages]
+    if not messages:  # every message was empty (content: [])
+        raise bad_request(
+            "The conversation is empty: send at least one message with content.",
+            param=request.messages_param,
+        )
     tools = request.tool_definitions
     if inject_tools:
         messages, tools = tool_prompt.inject_tools(messages, tools or []), None

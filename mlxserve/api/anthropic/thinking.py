@@ -24,4 +24,4 @@ def sign(thinking: str) -> str:
 
 
 def verify(thinking: str, signature: str | None) -> bool:
-    return signature is not None and hmac.compare_digest(sign(thinking), signature)
+    return signature is not None and secret.matches(sign(thinking), signature)

@@ -292,7 +292,7 @@ class AdapterLoad(_Strict):
     served model `model` (default: the first)."""
 
     name: Annotated[str, Field(min_length=1, max_length=256)]
-    path: Annotated[str, Field(min_length=1)]
+    path: Annotated[str, Field(min_length=1, pattern=r"^[^\x00]+$")]  # no NUL: a file path
     model: Annotated[str, Field(min_length=1)] | None = None
 
 

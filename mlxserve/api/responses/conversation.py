@@ -101,11 +101,12 @@ class OtherItem(Strict):
     type: str
 
 
-def _item_kind(value) -> str:
+def _item_kind(value) -> str | None:
     """The item's model (an item without a type is a message); the tags are the models'
-    names, which error locations leave out."""
-    kind = value.get("type", "message") if isinstance(value, dict) else value.type
-    return KNOWN.get(kind, "OtherItem")
+    names, which error locations leave out. None (not an item: `null`, a number) is a
+    400 naming it."""
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
+    return KNOWN.get(kind, "OtherItem") if isinstance(kind, str) else None
 
 
 KNOWN = {

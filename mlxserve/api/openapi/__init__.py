@@ -1,0 +1,1 @@
+"""The server's OpenAPI 3.1 description (GET /openapi.json)."""
