@@ -166,6 +166,16 @@ def test_a_key_sees_and_uses_only_its_models(shared, tiny_model, embed_bert_mode
     with pytest.raises(anthropic.PermissionDeniedError) as refused_an:
         an(srv, chatty).messages.create(model=embed_model, max_tokens=8, messages=MESSAGES)
     assert refused_an.value.body["error"]["type"] == "permission_error"
+    with pytest.raises(openai.PermissionDeniedError):
+        oa(srv, chatty).responses.create(model=embed_model, input="Hi")
+    status, _, body = srv.post(
+        "/infill", {"model": embed_model, "input_prefix": "a", "input_suffix": "b"}, bearer(chatty)
+    )
+    assert status == 403 and body["error"] == {
+        "code": 403,
+        "message": f"This API key may not use the model '{embed_model}'.",
+        "type": "permission_error",
+    }
     status, _, body = srv.get("/v1/status", headers=bearer(chatty))
     assert status == 200 and [m["id"] for m in body["models"]] == [chat_model]
     # Its own model answers, in every dialect.
@@ -264,6 +274,9 @@ def test_a_spent_quota_ends_no_stream_and_refuses_the_next(shared, tiny_model):
     defaults = anthropic.Anthropic(base_url=srv.url, api_key=key)
     with pytest.raises(anthropic.RateLimitError, match="tokens for today"):
         defaults.messages.create(model=model, max_tokens=8, messages=MESSAGES)
+    with pytest.raises(openai.RateLimitError) as refused_responses:
+        oa(srv, key).responses.create(model=model, input="Hi")
+    assert refused_responses.value.code == "insufficient_quota"
     with pytest.raises(openai.RateLimitError):
         openai.OpenAI(base_url=srv.base_url, api_key=key).chat.completions.create(
             model=model, messages=MESSAGES
