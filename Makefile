@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap bench-adapters bench-batch clean
+.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys clean
 
 install: $(VENV)/.installed
 
@@ -96,6 +96,9 @@ bench-adapters: install
 
 bench-batch: install
 	$(WITH_BLAS) $(PY) bench/batch.py $(ARGS)
+
+bench-keys: install
+	$(WITH_BLAS) $(PY) bench/keys.py $(ARGS)
 
 bench-two-models: install
 	$(WITH_BLAS) $(PY) bench/two_models.py $(ARGS)

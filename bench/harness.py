@@ -66,9 +66,11 @@ def free_port() -> int:
 
 
 class Target:
-    def __init__(self, kind: str, model: Path, *args: str, ranks: int = 1):
-        """`ranks` > 1: `mlx.launch --backend ring` on this machine starts the server."""
+    def __init__(self, kind: str, model: Path, *args: str, ranks: int = 1, key: str = ""):
+        """`ranks` > 1: `mlx.launch --backend ring` on this machine starts the server;
+        `key`: the API key every request sends."""
         self.kind = kind
+        self.key = key
         self.model = str(model)
         self.port = free_port()
         self.ranks = ranks
@@ -148,9 +150,10 @@ class Target:
         }
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
         reply = reply or Reply(time.perf_counter())
-        conn.request(
-            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
         response = conn.getresponse()
         if response.status != 200:
             raise RuntimeError(f"{self.kind}: HTTP {response.status} {response.read()[:300]}")
