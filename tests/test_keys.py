@@ -69,9 +69,10 @@ def bearer(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
-def usage_of(srv: Server, key: str, **query) -> dict:
+def usage_of(srv: Server, secret: str, **query) -> dict:
+    """GET /v1/usage with `secret`; `query`: start, end, key (an admin's choice)."""
     path = "/v1/usage" + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
-    status, _, body = srv.get(path, headers=bearer(key))
+    status, _, body = srv.get(path, headers=bearer(secret))
     assert status == 200, body
     return body
 
@@ -549,6 +550,34 @@ def test_a_batch_is_its_owners_and_charged_to_it(shared, tiny_model):
     row = next(r for r in usage_of(srv, owner)["data"] if r["model"] == model)
     assert row["requests"] == 3 and row["completion_tokens"] == tokens
     assert usage_of(srv, other)["data"] == []
+
+
+def test_a_revoked_owners_lines_not_yet_run_are_refused(shared, tiny_model):
+    """Lines run as their batch's owner as the key stands when each runs: revoked mid-batch,
+    the lines running finish (and are charged), those not yet started are 401s."""
+    srv, model = shared.srv, str(tiny_model)
+    owner = create(shared.db, "leaving")
+    time.sleep(LIVE_SECONDS)
+    body = {**endless(tiny_model), "model": model, "max_tokens": 100}
+    lines = [{"custom_id": f"l{i}", "method": "POST", "url": CHAT, "body": body} for i in range(12)]
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    sdk = oa(srv, owner)
+    uploaded = sdk.files.create(file=("in.jsonl", data), purpose="batch")
+    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    until(lambda: srv.get("/v1/status", headers=bearer(shared.root))[2]["requests"]["running"] >= 8)
+    store = KeyStore(shared.db)
+    store.revoke("leaving")
+    store.close()
+    admin = oa(srv, shared.root)  # the owner can no longer look: an admin can
+    done = until(lambda: (b := admin.batches.retrieve(batch.id)).status == "completed" and b)
+    succeeded = [json.loads(x) for x in admin.files.content(done.output_file_id).text.splitlines()]
+    failed = [json.loads(x) for x in admin.files.content(done.error_file_id).text.splitlines()]
+    assert len(succeeded) >= 8 and len(failed) >= 1 and len(succeeded) + len(failed) == 12
+    for line in failed:
+        assert line["response"]["status_code"] == 401
+        assert "has been revoked" in line["response"]["body"]["error"]["message"]
+    row = next(r for r in usage_of(srv, shared.root, key="leaving")["data"] if r["model"] == model)
+    assert row["requests"] == len(succeeded) and row["completion_tokens"] == 100 * len(succeeded)
 
 
 # The command line ------------------------------------------------------------------------
