@@ -558,7 +558,7 @@ def test_a_revoked_owners_lines_not_yet_run_are_refused(shared, tiny_model):
     srv, model = shared.srv, str(tiny_model)
     owner = create(shared.db, "leaving")
     time.sleep(LIVE_SECONDS)
-    body = {**endless(tiny_model), "model": model, "max_tokens": 100}
+    body = {**endless(tiny_model), "model": model, "max_tokens": 300}
     lines = [{"custom_id": f"l{i}", "method": "POST", "url": CHAT, "body": body} for i in range(12)]
     data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     sdk = oa(srv, owner)
@@ -577,7 +577,7 @@ def test_a_revoked_owners_lines_not_yet_run_are_refused(shared, tiny_model):
         assert line["response"]["status_code"] == 401
         assert "has been revoked" in line["response"]["body"]["error"]["message"]
     row = next(r for r in usage_of(srv, shared.root, key="leaving")["data"] if r["model"] == model)
-    assert row["requests"] == len(succeeded) and row["completion_tokens"] == 100 * len(succeeded)
+    assert row["requests"] == len(succeeded) and row["completion_tokens"] == 300 * len(succeeded)
 
 
 # The command line ------------------------------------------------------------------------

@@ -37,10 +37,10 @@ class UsageEndpoints:
         return {"object": "list", "data": [_row(row) for row in rows], "total": asdict(total)}
 
     def keys(self) -> dict:
-        return {"object": "list", "data": [key_entry(key) for key in self.gate.all_keys()]}
+        return {"object": "list", "data": [_key_entry(key) for key in self.gate.all_keys()]}
 
 
-def key_entry(key: KeyRecord) -> dict:
+def _key_entry(key: KeyRecord) -> dict:
     """A key as listed: its name, limits and dates (never its secret or hash)."""
     entry = asdict(key)
     entry["models"] = list(key.models) if key.models is not None else None

@@ -53,8 +53,3 @@ def admin_only() -> ServiceError:
     return ServiceError(
         ErrorKind.FORBIDDEN, "This endpoint needs an admin API key.", code="admin_required"
     )
-
-
-def require_admin() -> None:
-    if not current_caller().admin:
-        raise admin_only()

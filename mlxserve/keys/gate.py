@@ -63,10 +63,6 @@ class KeyGate:
         self._refresh(force=True)
 
     @property
-    def store(self) -> KeyStore | None:
-        return self._store
-
-    @property
     def required(self) -> bool:
         """Whether a request needs a key: --api-key was given, or the store has keys (a
         revoked last key does not open the server again)."""
@@ -121,7 +117,7 @@ class KeyGate:
             return OPEN
         if name == API_KEY_NAME:
             return Caller(API_KEY_NAME)
-        self._refresh()
+        self._refresh(force=True)  # a line started after a revocation sees it
         record = next((k for k in self._keys.values() if k.name == name), None)
         if record is None:
             raise _unauthorized(f"The API key '{name}' no longer exists.")

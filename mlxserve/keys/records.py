@@ -33,9 +33,6 @@ class KeyRecord:
     def usable(self, now: float) -> bool:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
-    def allows(self, model: str) -> bool:
-        return self.models is None or model in self.models
-
 
 def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_urlsafe(32)

@@ -441,10 +441,8 @@ class ChatService:
         return best
 
     def _fits(self, spec: ModelSpec, request: ChatRequest, prompt: list[int]) -> bool:
-        """With room to answer: max_tokens, up to a quarter of the context."""
         limit = self.provider.context_length(spec)
-        room = min(request.max_tokens or 1, (limit or 0) // 4) or 1
-        return limit is None or len(prompt) + room <= limit
+        return limit is None or len(prompt) + _answer_room(request, limit) <= limit
 
     def _cut_last_turn(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
         """Where the last turn alone does not fit, its text without as much of its start
@@ -454,7 +452,7 @@ class ChatService:
         limit = self.provider.context_length(spec)
         if limit is None or not request.messages or self._fits(spec, request, rendered[0]):
             return request, rendered
-        room = limit - min(request.max_tokens or 1, limit // 4)
+        room = limit - _answer_room(request, limit)
         fixed = len(self._render(spec, tokenizer, _keep_last_chars(request, 0), injected)[0])
         if fixed >= room:
             return request, rendered
@@ -489,6 +487,12 @@ class ChatService:
             ImageLimits.from_config(self.config),
         )
         return render_vision_chat(vision, request, template_args, template, injected)
+
+
+def _answer_room(request: ChatRequest, limit: int) -> int:
+    """What a prompt that drops or cuts turns leaves for the answer: max_tokens, up to a
+    quarter of the context."""
+    return min(request.max_tokens or 1, limit // 4) or 1
 
 
 def _keep_last_chars(request: ChatRequest, chars: int) -> ChatRequest:
