@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 import urllib.request
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import models
 import openai
-from harness import Reply, Target
+from harness import Reply, Target, print_figures
 
 from bench import Workload
 
@@ -136,11 +135,7 @@ def main() -> None:
         rows["stream beside the batch: TTFT s"].append(beside["TTFT s"])
         rows["stream alone: longest gap s"].append(alone["longest gap s"])
         rows["stream beside the batch: longest gap s"].append(beside["longest gap s"])
-    width = max(len(name) for name in rows) + 2
-    print(f"\n{'median over rounds':{width}}{'value':>10}")
-    medians = {name: statistics.median(values) for name, values in rows.items()}
-    for name, value in medians.items():
-        print(f"  {name:{width - 2}}{value:10.3f}")
+    medians = print_figures(rows)
     ttft = medians["stream beside the batch: TTFT s"] / medians["stream alone: TTFT s"]
     gap = medians["stream beside the batch: longest gap s"] / medians["stream alone: longest gap s"]
     tps = medians["batch: tok/s"] / medians["the same requests at once: tok/s"]

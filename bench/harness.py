@@ -49,6 +49,16 @@ class Reply:
         return (self.completion_tokens - 1) / (self.stamps[-1] - self.stamps[0])
 
 
+def print_figures(rows: dict[str, list[float]], digits: int = 3) -> dict[str, float]:
+    """Each figure's median over the rounds, as a table; the medians, by name."""
+    width = max(len(name) for name in rows) + 2
+    print(f"\n{'median over rounds':{width}}{'value':>10}")
+    medians = {name: statistics.median(values) for name, values in rows.items()}
+    for name, value in medians.items():
+        print(f"  {name:{width - 2}}{value:10.{digits}f}")
+    return medians
+
+
 def print_medians(rows: dict[str, list[dict[str, float]]], ttft: str) -> None:
     """Each row's median tok/s and `ttft` figure over the rounds, as a table."""
     width = max(len(name) for name in rows) + 2

@@ -9,13 +9,12 @@ with synchronous=FULL before its last event), in one run.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import models
-from harness import Target
+from harness import Target, print_figures
 
 from bench import Workload
 from mlxserve.keys.records import KeyRecord
@@ -75,11 +74,7 @@ def main() -> None:
                     )
                 finally:
                     target.stop()
-    width = max(len(name) for name in rows) + 2
-    print(f"\n{'median over rounds':{width}}{'value':>10}")
-    medians = {name: statistics.median(values) for name, values in rows.items()}
-    for name, value in medians.items():
-        print(f"  {name:{width - 2}}{value:10.4f}")
+    medians = print_figures(rows, digits=4)
     latency = medians["keys: s a request"] / medians["no keys: s a request"]
     tps = (
         medians[f"keys: tok/s of {args.concurrent} at once"]
