@@ -129,6 +129,26 @@ def compile_chat_template(template: str) -> None:
     _compile_jinja_template(template)
 
 
+def z_image_ready(pipeline: Any) -> None:
+    """Read a Z-Image pipeline's DiT and VAE now (mlx-vlm reads them on first use), so
+    that a loaded image model's weights are all resident and counted."""
+    pipeline._ensure_components()
+
+
+def z_image_conditioning(pipeline: Any, prompt: str, guidance: float) -> tuple[Any, Any]:
+    """(the prompt's features, the empty prompt's when guidance is on, else None), as
+    mlx-vlm's Z-Image pipeline computes them before it denoises (its text encoder kept:
+    the pipeline is made with evict_text_encoder=False)."""
+    return pipeline._encode_conditioning(prompt, guidance=guidance, negative_prompt=None)
+
+
+def img2img_start_index(steps: int, strength: float) -> int:
+    """The denoising step a Z-Image edit starts from, as mlx-vlm's edit_array picks it."""
+    from mlx_vlm.models.z_image.pipeline import _img2img_start_index
+
+    return int(_img2img_start_index(steps, strength))
+
+
 class GenerationBatchAdapter(GenerationBatch):
     """mlx-lm's GenerationBatch, its private state given typed public names: the only code
     that reads or writes that state (engine/speculative.py and engine/head_drafts.py build

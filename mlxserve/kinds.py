@@ -5,10 +5,11 @@ packages that serve them): the server and the command line's model commands call
 from __future__ import annotations
 
 from mlxserve.audio.kinds import SPEECH, TRANSCRIPTION
+from mlxserve.images.kind import IMAGE
 from mlxserve.models.kinds import KINDS
 from mlxserve.rerank.kind import RERANK
 
 
 def register_all() -> None:
-    for kind in (RERANK, TRANSCRIPTION, SPEECH):
+    for kind in (RERANK, TRANSCRIPTION, SPEECH, IMAGE):
         KINDS.register(kind)

@@ -19,6 +19,7 @@ from helpers.server import start_server
 from mlxserve.units import format_bytes
 
 REPO = "test-org/tiny-chat"
+IMAGE_REPO = "test-org/tiny-z-image"  # a pipeline: model_index.json, a folder per component
 DOWNLOAD_PIECE = 10 * 1024 * 1024  # what the hub client writes at a time
 
 
@@ -46,10 +47,11 @@ def repo_folder(tmp_path_factory, tiny_model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hub(repo_folder, tiny_model):
+def hub(repo_folder, tiny_model, z_image_model):
     served = FakeHub(
         {
             REPO: Repo(repo_folder, cut_short={"model.safetensors"}),
+            IMAGE_REPO: Repo(z_image_model),
             "test-org/broken": Repo(tiny_model, missing=("tokenizer.model",)),
         }
     )
@@ -180,3 +182,32 @@ def test_quantize_converts_then_rm_removes(homes, pulled, tiny_model):
     ), (first.stdout, again.stdout)
     left = mlxserve(homes, "ls", "--url", "http://127.0.0.1:9").stdout
     assert REPO not in left and "tiny-chat-4bit" not in left
+
+
+def test_an_image_pipeline_is_pulled_whole_listed_and_served(homes, hub, tiny_model, z_image_model):
+    done = mlxserve(homes, "pull", IMAGE_REPO)
+    assert done.returncode == 0, done.stderr
+    snapshot = (
+        Path(homes["HF_HOME"]) / "hub" / "models--test-org--tiny-z-image" / "snapshots" / COMMIT
+    )
+    for file in z_image_model.rglob("*"):
+        if file.is_file():
+            assert (snapshot / file.relative_to(z_image_model)).read_bytes() == file.read_bytes()
+    quantize = mlxserve(homes, "pull", IMAGE_REPO, "--quantize", "4")
+    assert quantize.returncode == 1 and "Traceback" not in quantize.stderr
+    assert quantize.stderr.strip().splitlines()[-1] == (
+        f"mlxserve: {IMAGE_REPO} is an image pipeline: --quantize converts language models only."
+    )
+    listing = mlxserve(homes, "ls", "--url", "http://127.0.0.1:9").stdout
+    row = next(line for line in listing.splitlines() if line.startswith(IMAGE_REPO))
+    weights = sum(f.stat().st_size for f in z_image_model.glob("*/*.safetensors"))
+    assert row.split()[:4] == [IMAGE_REPO, "image", *format_bytes(weights).split()], row
+    srv = start_server(tiny_model, env=homes)
+    try:
+        listed = {m["id"]: m for m in srv.get("/v1/models")[2]["data"]}
+        assert listed[IMAGE_REPO]["kind"] == "image"
+        body = {"model": IMAGE_REPO, "prompt": "a cat", "size": "64x64", "steps": 2}
+        status, _, reply = srv.post("/v1/images/generations", body)
+        assert status == 200 and len(reply["data"]) == 1, reply
+    finally:
+        srv.stop()

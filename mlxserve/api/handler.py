@@ -18,12 +18,12 @@ from mlxserve.api.batches.routes import is_batch_path
 from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
+from mlxserve.api.images.links import LINK_PREFIX
 from mlxserve.api.openapi.document import document
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
 from mlxserve.api.routes import (
     GET_PATHS,
     HEALTH_PATHS,
-    KEYLESS_PATHS,
     KEYS_PATHS,
     METRICS_PATHS,
     MODEL_PREFIXES,
@@ -33,6 +33,7 @@ from mlxserve.api.routes import (
     STATUS_PATHS,
     USAGE_PATHS,
     Routes,
+    is_keyless,
 )
 from mlxserve.config import ServerConfig
 from mlxserve.protocol.errors import (
@@ -190,7 +191,7 @@ class APIHandler(BaseHTTPRequestHandler):
         try:
             path = urlsplit(self.path).path.rstrip("/") or "/"
             check_host(self.headers, config.allowed_hosts, config.host)
-            if path in KEYLESS_PATHS or is_asset_path(path):
+            if is_keyless(path) or is_asset_path(path):
                 route(path)  # the web app's files hold no data: its API calls do
             else:
                 assert self.record is not None
@@ -229,6 +230,8 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
         elif path.startswith(RESPONSE_PREFIXES):
             self._send_json(200, self._stored_response(path))
+        elif path.startswith(LINK_PREFIX):
+            self._reply(self.app.routes.image_links.get(path))
         elif is_batch_path(path):
             self._batch(path)
         else:

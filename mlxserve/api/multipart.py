@@ -15,7 +15,8 @@ class Form:
     """A form's text fields (a name may repeat: `timestamp_granularities[]`) and files."""
 
     fields: dict[str, list[str]] = field(default_factory=dict)
-    files: dict[str, bytes] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)  # the last file of each name
+    file_counts: dict[str, int] = field(default_factory=dict)  # how many of each name
     filenames: dict[str, str] = field(default_factory=dict)  # as the client named them
 
     def text(self, name: str) -> str | None:
@@ -43,6 +44,7 @@ def parse_form(content_type: str | None, body: bytes, what: str = "the audio") -
         filename = part.get_filename()
         if filename is not None:
             form.files[name] = data
+            form.file_counts[name] = form.file_counts.get(name, 0) + 1
             form.filenames[name] = filename
         else:
             form.fields.setdefault(name, []).append(data.decode("utf-8", "replace"))

@@ -22,6 +22,8 @@ from mlxserve.api.batches.openai import (
 from mlxserve.api.batches.routes import BatchRoutes
 from mlxserve.api.batches.runner import Outputs
 from mlxserve.api.errors import ErrorRenderer
+from mlxserve.api.images.endpoints import ImageEndpoints
+from mlxserve.api.images.links import LINK_PREFIX, ImageLinks
 from mlxserve.api.infill.endpoints import InfillEndpoints
 from mlxserve.api.infill.errors import error_reply as llama_cpp_error
 from mlxserve.api.openai.embeddings import EmbeddingEndpoints
@@ -51,6 +53,9 @@ EMBEDDINGS_PATHS = ("/v1/embeddings", "/embeddings")
 TRANSCRIPTION_PATHS = ("/v1/audio/transcriptions", "/audio/transcriptions")
 TRANSLATION_PATHS = ("/v1/audio/translations", "/audio/translations")
 SPEECH_PATHS = ("/v1/audio/speech", "/audio/speech")
+IMAGE_PATHS = ("/v1/images/generations", "/images/generations")
+IMAGE_EDIT_PATHS = ("/v1/images/edits", "/images/edits")
+MAX_IMAGE_UPLOAD_BYTES = 50 * 1024 * 1024  # an edit's image and mask (OpenAI's limit)
 UPLOAD_OVERHEAD = 64 * 1024  # a multipart form's fields beside its file
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 SCORE_PATHS = ("/v1/score", "/score")
@@ -79,8 +84,15 @@ GET_PATHS = (
     + KEYS_PATHS
     + OPENAPI_PATHS
 )
-# Answered without an API key: what a load balancer polls, and the API's description.
+# Answered without an API key: what a load balancer polls, and the API's description
+# (and the image links under LINK_PREFIX, whose random names are their access).
 KEYLESS_PATHS = HEALTH_PATHS + OPENAPI_PATHS
+
+
+def is_keyless(path: str) -> bool:
+    return path in KEYLESS_PATHS or path.startswith(LINK_PREFIX)
+
+
 # What only an admin key may ask (where the server has keys).
 ADMIN_PATHS = (
     LOAD_PATHS
@@ -106,6 +118,8 @@ POST_ROUTES: tuple[tuple[tuple[str, ...], str], ...] = (
     (TRANSCRIPTION_PATHS, "transcription.transcriptions"),
     (TRANSLATION_PATHS, "transcription.translations"),
     (SPEECH_PATHS, "speech.speech"),
+    (IMAGE_PATHS, "images.generations"),
+    (IMAGE_EDIT_PATHS, "images.edits"),
     (LOAD_PATHS, "openai.load_model"),
     (UNLOAD_PATHS, "openai.unload_model"),
     (PIN_PATHS, "openai.pin_model"),
@@ -133,6 +147,8 @@ class Routes:
     rerank: RerankEndpoints = field(init=False)
     transcription: TranscriptionEndpoints = field(init=False)
     speech: SpeechEndpoints = field(init=False)
+    images: ImageEndpoints = field(init=False)
+    image_links: ImageLinks = field(default_factory=ImageLinks)
     status: StatusEndpoint = field(init=False)
     infill: InfillEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
@@ -153,6 +169,7 @@ class Routes:
         self.rerank = RerankEndpoints(self.service)
         self.transcription = TranscriptionEndpoints(self.service)
         self.speech = SpeechEndpoints(self.service)
+        self.images = ImageEndpoints(self.service, self.image_links)
         self.infill = InfillEndpoints(self.service)
         self.post = {
             path: attrgetter(endpoint)(self) for paths, endpoint in POST_ROUTES for path in paths
@@ -173,6 +190,8 @@ class Routes:
         config = self.service.config
         if path in TRANSCRIPTION_PATHS + TRANSLATION_PATHS:
             return max(config.max_body_bytes, config.max_audio_bytes + UPLOAD_OVERHEAD)
+        if path in IMAGE_EDIT_PATHS:
+            return max(config.max_body_bytes, MAX_IMAGE_UPLOAD_BYTES + UPLOAD_OVERHEAD)
         if batch_paths.is_upload_path(path):
             batch_limit = config.max_batch_file_bytes + UPLOAD_OVERHEAD
             return max(config.max_body_bytes, batch_limit)
@@ -184,6 +203,8 @@ class Routes:
             return path
         if batch_paths.is_batch_path(path):
             return batch_paths.label(path)
+        if path.startswith(LINK_PREFIX):
+            return LINK_PREFIX + "{name}"
         if path.startswith(RESPONSE_PREFIXES):
             items = path.endswith("/input_items")
             return "/v1/responses/{id}/input_items" if items else "/v1/responses/{id}"

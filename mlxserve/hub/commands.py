@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxserve.kinds import register_all
-from mlxserve.models.capabilities import is_text_model
+from mlxserve.models.capabilities import (
+    PIPELINE_INDEX,
+    is_model_folder,
+    is_pipeline_folder,
+    is_text_model,
+    read_config,
+    weight_files,
+)
 from mlxserve.models.kinds import KINDS
 from mlxserve.models.provider import cached_hub_models, converted_root
 from mlxserve.units import format_bytes
@@ -51,11 +58,11 @@ class LocalModel:
 
     @property
     def size(self) -> int:
-        return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
+        return sum(f.stat().st_size for f in weight_files(self.path))
 
     @property
     def quantization(self) -> str:
-        config = json.loads((self.path / "config.json").read_text())
+        config = read_config(self.path)
         quantization = config.get("quantization") or config.get("quantization_config") or {}
         if bits := quantization.get("bits"):
             return f"{bits}-bit"
@@ -93,12 +100,17 @@ def pull(repo: str, revision: str | None, bits: int | None, output: Path | None)
         lines = [line for line in str(e).splitlines() if line.strip()]
         why = lines[-1].rstrip(".") if lines else type(e).__name__
         return fail(f"downloading {repo} failed: {why}. The same command resumes it.")
-    if not (snapshot / "config.json").is_file():
-        return fail(f"{repo} has no config.json: it is not a model mlxserve can serve.")
+    if not is_model_folder(snapshot):
+        return fail(
+            f"{repo} has no config.json (nor a pipeline's {PIPELINE_INDEX}) and weights: it "
+            "is not a model mlxserve can serve."
+        )
     if bits is None:
         print(f"{repo} is in the Hugging Face cache: {snapshot}")
         print(f"Serve it with: mlxserve --model {repo}")
         return 0
+    if is_pipeline_folder(snapshot):
+        return fail(f"{repo} is an image pipeline: --quantize converts language models only.")
     target = output or converted_root() / f"{repo.split('/')[-1]}-{bits}bit"
     if target.exists():
         return fail(f"{target} exists already; remove it (mlxserve rm {target.name}) first.")

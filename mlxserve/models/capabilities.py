@@ -1,4 +1,5 @@
-"""What a model folder holds, read from its config.json without loading any weights."""
+"""What a model folder holds, read from its config.json (a diffusion pipeline's
+model_index.json) without loading any weights."""
 
 from __future__ import annotations
 
@@ -6,6 +7,26 @@ import importlib.util
 import json
 from functools import lru_cache
 from pathlib import Path
+
+PIPELINE_INDEX = "model_index.json"  # a diffusers-style pipeline: a folder per component
+
+
+def is_pipeline_folder(path: Path) -> bool:
+    return (path / PIPELINE_INDEX).is_file()
+
+
+def weight_files(path: Path) -> list[Path]:
+    """A model's weights: beside its config, or in its components' folders (a pipeline)."""
+    found = sorted(path.glob("*.safetensors"))
+    if is_pipeline_folder(path):
+        found += sorted(path.glob("*/*.safetensors"))
+    return found
+
+
+def is_model_folder(path: Path) -> bool:
+    """A folder holding a model: a config (or a pipeline's index) and weights."""
+    has_config = (path / "config.json").is_file() or is_pipeline_folder(path)
+    return has_config and bool(weight_files(path))
 
 
 def read_config(path: Path) -> dict:

@@ -22,7 +22,15 @@ from mlxserve.adapters.folder import AdapterError, adapter_files
 from mlxserve.adapters.layers import ModelAdapters
 from mlxserve.adapters.registry import AdapterRegistry, DeclaredAdapter
 from mlxserve.config import ModelSettings, ServerConfig
-from mlxserve.models.capabilities import is_text_model, loads_as_text, trained_context
+from mlxserve.models.capabilities import (
+    PIPELINE_INDEX,
+    is_model_folder,
+    is_pipeline_folder,
+    is_text_model,
+    loads_as_text,
+    trained_context,
+    weight_files,
+)
 from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
 from mlxserve.models.kinds import KINDS, LoadRequest, ModelKind
 from mlxserve.models.tokenizer import load_text_tokenizer
@@ -98,10 +106,6 @@ class LoadedModel:
 
 def _is_inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
-
-
-def _is_model_folder(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
 def _hub_snapshot(repo_id: str) -> Path | None:
@@ -190,7 +194,7 @@ class ModelProvider:
         path = self._local_path(requested)
         if path is None and _REPO_ID.match(requested) and self.config.cached_models:
             path = _hub_snapshot(requested)
-        if path is None or not _is_model_folder(path):
+        if path is None or not is_model_folder(path):
             raise not_found(
                 f"The model '{requested}' does not exist or is not available on this server.",
                 param="model",
@@ -370,10 +374,15 @@ class ModelProvider:
             for config in [
                 *sorted(root.glob("*/config.json")),
                 *sorted(root.glob("*/*/config.json")),
+                *sorted(root.glob(f"*/{PIPELINE_INDEX}")),
+                *sorted(root.glob(f"*/*/{PIPELINE_INDEX}")),
             ]:
                 folder = config.parent.resolve()
-                if _is_inside(folder, root):  # a link out of the folder is no model of it
-                    found.setdefault(str(config.parent.relative_to(root)), self._spec(folder))
+                if not _is_inside(folder, root):  # a link out of the folder is no model of it
+                    continue
+                if is_pipeline_folder(folder.parent):  # a component of a pipeline
+                    continue
+                found.setdefault(str(config.parent.relative_to(root)), self._spec(folder))
         for repo_id, path in cached_hub_models() if self.config.cached_models else []:
             found.setdefault(repo_id, self._spec(path))
         return found
@@ -536,7 +545,7 @@ class ModelProvider:
 def stored_bytes(spec: ModelSpec) -> int:
     """What a model's weights take on disk: about what they take in memory once loaded."""
     folders = [spec.path, *([spec.draft_path] if spec.draft_path else [])]
-    return sum(f.stat().st_size for folder in folders for f in folder.glob("*.safetensors"))
+    return sum(f.stat().st_size for folder in folders for f in weight_files(folder))
 
 
 def read_weights(model: Any, name: str) -> None:
@@ -601,7 +610,8 @@ def cached_hub_models() -> list[tuple[str, Path]]:
             names = {f.file_name for f in revision.files}
             has_weights = any(n.endswith(".safetensors") for n in names)
             snapshot = Path(revision.snapshot_path)
-            if "config.json" in names and has_weights and _loadable(snapshot):
+            has_config = "config.json" in names or PIPELINE_INDEX in names
+            if has_config and has_weights and _loadable(snapshot):
                 found.append((repo.repo_id, snapshot))
                 break
     return sorted(found)

@@ -22,6 +22,8 @@ from mlxserve.api.batches.anthropic import JSONL as ANTHROPIC_JSONL
 from mlxserve.api.batches.anthropic import MessageBatchCreate
 from mlxserve.api.batches.openai import JSONL as OPENAI_JSONL
 from mlxserve.api.batches.openai import BatchCreate
+from mlxserve.api.images.endpoints import MAX_IMAGES, MAX_PARTIAL_IMAGES, GenerationBody
+from mlxserve.api.images.links import LINK_PREFIX
 from mlxserve.api.infill.requests import InfillRequest
 from mlxserve.api.openai.embeddings import EmbeddingsRequest
 from mlxserve.api.openai.requests import (
@@ -36,8 +38,9 @@ from mlxserve.api.openai.tokenize import Detokenize, TokenizeText
 from mlxserve.api.openapi import shapes as s
 from mlxserve.api.rerank.endpoints import RerankBody, ScoreBody
 from mlxserve.api.responses.requests import ResponsesRequest
-from mlxserve.api.routes import KEYLESS_PATHS
+from mlxserve.api.routes import is_keyless
 from mlxserve.audio.codec import OUTPUT_FORMATS
+from mlxserve.images.codec import OUTPUT_FORMATS as IMAGE_FORMATS
 
 OPENAI, ANTHROPIC, LLAMA_CPP = "OpenAIError", "AnthropicError", "LlamaCppError"
 JSON, SSE, TEXT = "application/json", "text/event-stream", "text/plain"
@@ -85,6 +88,29 @@ UPLOAD_FORM = s.obj(
         "purpose": {"const": "batch"},
     }
 )
+IMAGE_FILE = {"type": "string", "contentMediaType": "image/png"}
+IMAGE_EDIT_FORM = s.obj(
+    {"image": IMAGE_FILE, "prompt": s.STRING},
+    {
+        "image[]": s.array(IMAGE_FILE),
+        "mask": IMAGE_FILE,
+        "model": s.STRING,
+        "n": {"type": "integer", "minimum": 1, "maximum": MAX_IMAGES},
+        "size": s.STRING,
+        "response_format": {"enum": ["url", "b64_json"]},
+        "output_format": {"enum": list(IMAGE_FORMATS)},
+        "output_compression": {"type": "integer", "minimum": 0, "maximum": 100},
+        "stream": s.BOOLEAN,
+        "partial_images": {"type": "integer", "minimum": 0, "maximum": MAX_PARTIAL_IMAGES},
+        "seed": s.INTEGER,
+        "steps": s.INTEGER,
+        "strength": s.NUMBER,
+    },
+)
+IMAGE_LINKED = {
+    f.content_type: {"type": "string", "contentMediaType": f.content_type}
+    for f in IMAGE_FORMATS.values()
+}
 TRANSCRIBED = {JSON: s.TRANSCRIPTION, TEXT: s.STRING, SSE: s.SSE_EVENT}
 SPOKEN = {
     **{
@@ -112,6 +138,9 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("POST", "/v1/audio/transcriptions", "Speech to text", "audio", TRANSCRIBED, TRANSCRIPTION_FORM),
     Operation("POST", "/v1/audio/translations", "Speech to English text", "audio", TRANSCRIBED, TRANSCRIPTION_FORM),
     Operation("POST", "/v1/audio/speech", "Text to speech", "audio", SPOKEN, SpeechBody),
+    Operation("POST", "/v1/images/generations", "Text to image", "images", _stream(s.IMAGES), GenerationBody),
+    Operation("POST", "/v1/images/edits", "Edit an image (a mask: only its transparent part)", "images", _stream(s.IMAGES), IMAGE_EDIT_FORM),
+    Operation("GET", LINK_PREFIX + "{name}", "An image a url reply links to (no key needed; for an hour)", "images", IMAGE_LINKED),
     Operation("POST", "/v1/rerank", "Rerank documents (Cohere's and Jina's shape)", "rerank", {JSON: s.RERANKED}, RerankBody),
     Operation("POST", "/v2/rerank", "Rerank documents (Cohere's v2 path)", "rerank", {JSON: s.RERANKED}, RerankBody),
     Operation("POST", "/v1/score", "Score text pairs (vLLM's shape)", "rerank", {JSON: s.SCORED}, ScoreBody),
@@ -204,7 +233,7 @@ def _operation(op: Operation, bodies: dict) -> dict[str, Any]:
             "4XX": {"description": "The client's mistake, or a refusal", **error},
             "503": {"description": "Not ready, or too busy: retry after Retry-After", **error},
         },
-        "security": [] if op.path in KEYLESS_PATHS else [{}, {"bearer": []}, {"apiKey": []}],
+        "security": [] if is_keyless(op.path) else [{}, {"bearer": []}, {"apiKey": []}],
     }
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": s.STRING}

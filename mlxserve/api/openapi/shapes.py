@@ -134,6 +134,26 @@ TRANSCRIPTION = obj(
 RERANKED = obj({"results": array(obj({"index": INTEGER, "relevance_score": NUMBER}))})
 SCORED = obj({"object": {"const": "list"}, "data": array(obj({"index": INTEGER, "score": NUMBER}))})
 INFILLED = obj({"content": STRING})
+_IMAGE_TOKENS = obj({"image_tokens": INTEGER, "text_tokens": INTEGER})
+IMAGES = obj(
+    {
+        "created": INTEGER,
+        "data": array(obj({}, {"b64_json": STRING, "url": STRING})),
+        "background": STRING,
+        "output_format": {"enum": ["png", "jpeg", "webp"]},
+        "quality": STRING,
+        "size": STRING,
+        "usage": obj(
+            {
+                "input_tokens": INTEGER,
+                "input_tokens_details": _IMAGE_TOKENS,
+                "output_tokens": INTEGER,
+                "output_tokens_details": _IMAGE_TOKENS,
+                "total_tokens": INTEGER,
+            }
+        ),
+    }
+)
 
 # Anthropic -------------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""OpenAI's Images API: /v1/images/generations and /v1/images/edits."""
