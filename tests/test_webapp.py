@@ -26,8 +26,9 @@ ANSWER_SECONDS = 60_000  # ms: a reply on the CPU, a model load
 
 
 @pytest.fixture(scope="module")
-def app(tiny_model, vision_model):
-    srv = start_server(tiny_model, "--model", str(vision_model), "--api-key", KEY)
+def app(tiny_model, vision_model, z_image_model):
+    models = ("--model", str(vision_model), "--model", str(z_image_model))
+    srv = start_server(tiny_model, *models, "--api-key", KEY)
     yield srv
     srv.stop()
 
@@ -139,6 +140,24 @@ def test_a_text_model_offers_no_attachment(page, app, tiny_model):
     sign_in(page, app)
     page.select_option("#model-select", str(tiny_model))
     expect(page.locator("#attach-label")).to_be_hidden()
+
+
+def test_an_image_model_draws_in_the_chat(page, app, z_image_model):
+    """An image model in the picker: a message is a prompt to draw, answered with the
+    image inline (partial images first), no attachment offered."""
+    sign_in(page, app)
+    page.select_option("#model-select", str(z_image_model))
+    expect(page.locator("#attach-label")).to_be_hidden()
+    page.click("#settings summary")
+    page.fill("#image-size", "128x64")
+    page.fill("#prompt", "a red boat")
+    page.click("#send")
+    drawn = page.locator(".message.assistant img.drawn:not(.partial)")
+    expect(drawn).to_be_visible(timeout=ANSWER_SECONDS)
+    expect(page.locator(".message.assistant .stats")).to_contain_text("128x64")
+    assert drawn.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [128, 64]
+    assert drawn.get_attribute("src").startswith("data:image/png;base64,iVBORw0KGgo")
+    expect(page.locator(".message.user")).to_have_text("a red boat")
 
 
 def test_unload_and_reload_from_the_models_page(page, app, vision_model):

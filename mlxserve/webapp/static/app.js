@@ -110,8 +110,9 @@ async function refresh() {
 
 // ---------------------------------------------------------------------------- chat
 
-// the kinds that answer /v1/chat/completions (an adapter: its base model, adapted)
-const CHAT_KINDS = ["chat", "vision", "adapter"];
+// the kinds that answer /v1/chat/completions (an adapter: its base model, adapted), and
+// image models, whose answer to a message is an image (/v1/images/generations)
+const CHAT_KINDS = ["chat", "vision", "adapter", "image"];
 
 function chatModels() {
   return state.models.filter((m) => CHAT_KINDS.includes(m.kind));
@@ -134,7 +135,12 @@ function selectedModel() {
 
 function updateAttach() {
   const model = selectedModel();
-  $("attach-label").hidden = !(model && model.input_modalities.includes("image"));
+  const draws = Boolean(model && model.kind === "image");
+  $("attach-label").hidden = draws || !(model && model.input_modalities.includes("image"));
+  $("image-size-label").hidden = !draws;
+  $("prompt").placeholder = draws
+    ? "Describe an image to draw (Enter sends)"
+    : "Send a message (Enter sends, Shift+Enter for a new line)";
 }
 
 function numberSetting(id) {
@@ -230,50 +236,85 @@ async function send(event) {
   $("prompt").value = "";
   state.attachments = [];
   $("attachments").replaceChildren();
+  const model = selectedModel();
+  if (model && model.kind === "image") {
+    state.history.pop(); // a drawing is no turn of the conversation
+    await draw(new ReplyView(), text);
+    return;
+  }
   await reply(new ReplyView());
 }
 
-async function reply(view) {
+// POST `body` to `path` and hand each server-sent event's data to `onData`, the Stop
+// button armed meanwhile; a failure is shown in `view`. True when the stream ended well.
+async function streamed(view, path, body, onData) {
   state.controller = new AbortController();
   $("stop").hidden = false;
   $("send").disabled = true;
+  try {
+    const response = await fetch(path, {
+      method: "POST", headers: requestHeaders(true), body: JSON.stringify(body), signal: state.controller.signal,
+    });
+    if (!response.ok) throw await failure(response);
+    for await (const data of serverSentData(response)) {
+      if (data === "[DONE]") break;
+      const parsed = JSON.parse(data);
+      if (parsed.error) throw new Error(parsed.error.message);
+      onData(parsed);
+    }
+    return true;
+  } catch (error) {
+    view.error(error.name === "AbortError" ? "Stopped." : error.message);
+    return false;
+  } finally {
+    state.controller = null;
+    $("stop").hidden = true;
+    $("send").disabled = false;
+  }
+}
+
+// An image model's answer: its partial images as they come, then the image.
+async function draw(view, prompt) {
+  const started = performance.now();
+  const image = el("img", { className: "drawn", alt: prompt });
+  const size = $("image-size").value.trim() || "auto";
+  const body = { model: $("model-select").value, prompt, size, stream: true, partial_images: 2 };
+  view.figures("drawing…");
+  await streamed(view, "/v1/images/generations", body, (event) => {
+    image.src = `data:image/${event.output_format};base64,${event.b64_json}`;
+    if (!image.isConnected) view.body.replaceChildren(image);
+    view.node.scrollIntoView({ block: "end" });
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    const done = event.type === "image_generation.completed";
+    view.figures(done ? `${event.size} · ${seconds} s` : `drawing… (${event.partial_image_index + 1}) · ${seconds} s`);
+    image.classList.toggle("partial", !done);
+  });
+  refresh();
+}
+
+async function reply(view) {
   const started = performance.now();
   let first = null;
   let usage = null;
   let text = "";
   let reasoning = "";
   const calls = [];
-  try {
-    const response = await fetch("/v1/chat/completions", {
-      method: "POST", headers: requestHeaders(true), body: JSON.stringify(chatBody()), signal: state.controller.signal,
-    });
-    if (!response.ok) throw await failure(response);
-    for await (const data of serverSentData(response)) {
-      if (data === "[DONE]") break;
-      const chunk = JSON.parse(data);
-      if (chunk.error) throw new Error(chunk.error.message);
-      if (chunk.usage) usage = chunk.usage;
-      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-      if (!delta) continue;
-      if (first === null && (delta.content || delta.reasoning_content || delta.tool_calls)) first = performance.now();
-      if (delta.reasoning_content) view.reasoning((reasoning += delta.reasoning_content));
-      if (delta.content) view.content((text += delta.content));
-      for (const call of delta.tool_calls || []) {
-        const known = calls[call.index] || (calls[call.index] = { name: "", arguments: "" });
-        known.name += (call.function && call.function.name) || "";
-        known.arguments += (call.function && call.function.arguments) || "";
-        view.toolCalls(calls);
-      }
-      view.figures(figures(started, first, performance.now(), usage));
+  const ended = await streamed(view, "/v1/chat/completions", chatBody(), (chunk) => {
+    if (chunk.usage) usage = chunk.usage;
+    const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+    if (!delta) return;
+    if (first === null && (delta.content || delta.reasoning_content || delta.tool_calls)) first = performance.now();
+    if (delta.reasoning_content) view.reasoning((reasoning += delta.reasoning_content));
+    if (delta.content) view.content((text += delta.content));
+    for (const call of delta.tool_calls || []) {
+      const known = calls[call.index] || (calls[call.index] = { name: "", arguments: "" });
+      known.name += (call.function && call.function.name) || "";
+      known.arguments += (call.function && call.function.arguments) || "";
+      view.toolCalls(calls);
     }
     view.figures(figures(started, first, performance.now(), usage));
-  } catch (error) {
-    view.error(error.name === "AbortError" ? "Stopped." : error.message);
-  } finally {
-    state.controller = null;
-    $("stop").hidden = true;
-    $("send").disabled = false;
-  }
+  });
+  if (ended) view.figures(figures(started, first, performance.now(), usage));
   state.history.push({ role: "assistant", content: text });
   refresh(); // the model may have been loaded for this reply
 }
