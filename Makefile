@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys clean
+.PHONY: install browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys clean
 
 install: $(VENV)/.installed
 
@@ -123,6 +123,9 @@ bench-vlm: install
 
 bench-audio-fairness: install speech
 	$(WITH_BLAS) $(PY) bench/audio_fairness.py $(ARGS)
+
+bench-image-fairness: install
+	$(WITH_BLAS) $(PY) bench/image_fairness.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

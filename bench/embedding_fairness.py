@@ -80,11 +80,11 @@ def post(url: str, path: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def stream_gaps(url: str, chat: str, during) -> tuple[float, float]:
+def stream_gaps(url: str, chat: str, during, tokens: int = 120) -> tuple[float, float]:
     """(the longest pause between two streamed tokens, tokens per second) while `during`
     runs beside it; `during` gets an event set when the stream ends."""
     body = {"model": chat, "messages": [{"role": "user", "content": "Tell me a story."}]}
-    body |= {"max_tokens": 120, "stream": True, "temperature": 0}
+    body |= {"max_tokens": tokens, "stream": True, "temperature": 0}
     request = urllib.request.Request(
         url + "/v1/chat/completions",
         json.dumps(body).encode(),
@@ -108,10 +108,11 @@ def stream_gaps(url: str, chat: str, during) -> tuple[float, float]:
     return gap, (len(measured) - 1) / (measured[-1] - measured[0])
 
 
-def compare(url: str, chat: Path, beside_name: str, beside) -> None:
+def compare(url: str, chat: Path, beside_name: str, beside, tokens: int = 120) -> None:
     """Print a stream's longest gap and speed (median of ROUNDS) alone, beside another
     chat request's 2,000-token prefill, and beside `beside`, which drops its request when
-    the stream ends; then the ratio of `beside`'s stall to the prefill's."""
+    the stream ends; then the ratio of `beside`'s stall to the prefill's. `tokens`: the
+    stream's length (long enough to outlast what `beside` does, to measure all of it)."""
 
     def prefill(ended: threading.Event) -> None:
         message = {"role": "user", "content": WORDS * 160 + str(time.time())}  # ~2,000 tokens
@@ -120,7 +121,7 @@ def compare(url: str, chat: Path, beside_name: str, beside) -> None:
 
     results = {}
     for name, during in (("alone", None), ("2,000-token prefill", prefill), (beside_name, beside)):
-        rounds = [stream_gaps(url, str(chat), during) for _ in range(ROUNDS)]
+        rounds = [stream_gaps(url, str(chat), during, tokens) for _ in range(ROUNDS)]
         results[name] = tuple(statistics.median(r[k] for r in rounds) for k in (0, 1))
         time.sleep(2)  # a dropped request's last piece ends
     print(f"a stream of {chat.name} (median of {ROUNDS}): longest gap, tokens per second")
