@@ -370,23 +370,18 @@ def test_batch_rows_pause_while_an_interactive_stream_runs(
 
 
 def test_a_model_served_one_request_at_a_time_serves_interactive_first(
-    launch, sliding_model, tmp_path
+    launch, chunked_model, tmp_path
 ):
-    """A model served one request at a time (a sliding window beside a draft model): the
-    batch line running gives way to an interactive request and runs again after it. (No
-    prompt cache: on this path a reply can differ after another prompt's, see the note
-    in docs/limitations.md.)"""
-    srv = launch(
-        sliding_model,
-        *("--draft-model", str(sliding_model), "--batch-db", str(tmp_path / "b.sqlite")),
-        *("--prompt-cache-size", "0"),
-    )
+    """A model served one request at a time (Llama 4's chunked attention, whose caches do
+    not batch): the batch line running gives way to an interactive request and runs
+    again after it; each line's reply is the one it gets alone, the prompt cache on."""
+    srv = launch(chunked_model, "--batch-db", str(tmp_path / "b.sqlite"))
     assert srv.log_lines("one request at a time")
     sdk = client(srv)
-    lines = long_lines(sliding_model, 3, max_tokens=200)
+    lines = long_lines(chunked_model, 3, max_tokens=200)
     batch = submit(sdk, lines)
     until(lambda: running(srv) >= 1, 0.01)
-    body = {"model": str(sliding_model), "messages": [{"role": "user", "content": "Hi"}]}
+    body = {"model": str(chunked_model), "messages": [{"role": "user", "content": "Hi"}]}
     assert alone(srv, {**body, "max_tokens": 5})["choices"][0]["finish_reason"] == "length"
     assert srv.log_lines("gave its slot to an interactive request")
     done = wait_ended(sdk, batch.id)

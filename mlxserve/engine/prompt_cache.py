@@ -107,6 +107,8 @@ class PromptCache:
             return CacheHit(new_cache(), list(prompt), 0, diverged_at)
         if len(tokens) > usable:
             trim_prompt_cache(cache, len(tokens) - usable)
+            if not _holds(cache, usable):  # it could not go back that far: start afresh
+                return CacheHit(new_cache(), list(prompt), 0, diverged_at)
         return CacheHit(cache, list(prompt[usable:]), usable, diverged_at)
 
     def _best_entry(
@@ -197,3 +199,10 @@ def _is_prefix(ident: tuple[str, bytes], entry: _Entry, key: str, tokens: np.nda
         and len(entry.tokens) < len(tokens)
         and common_prefix(entry.tokens, tokens) == len(entry.tokens)
     )
+
+
+def _holds(cache: list[Any], tokens: int) -> bool:
+    """Whether every cache that counts its positions holds exactly `tokens` of them: a
+    trimmable cache may still refuse to go back past what it has dropped (Llama 4's
+    chunked attention keeps only the current chunk)."""
+    return all(getattr(c, "offset", tokens) == tokens for c in cache)
