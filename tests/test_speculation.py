@@ -12,7 +12,7 @@ import pytest
 from conversations import BY_NAME, CONVERSATIONS, ECHO, ECHO_CODE, ECHO_CONVERSATIONS
 from helpers.metrics import metrics
 from helpers.speculation import accepted, assert_same, reply, speculated
-from helpers.streams import ENDS, beside_a_stream, concurrently
+from helpers.streams import ENDS, beside_a_stream, concurrently, endless
 from helpers.structured import NO_THINKING, constrained
 from transformers import AutoTokenizer
 
@@ -166,6 +166,48 @@ def test_caches_that_cannot_drop_rejected_drafts_do_not_speculate(launch, slidin
     assert status == 200, answer
     names = {name for name, _ in metrics(srv)}
     assert not any("speculative" in name for name in names)
+
+
+@pytest.mark.parametrize("family", ["sliding_model", "hybrid_model"])
+def test_a_draft_model_that_cannot_draft_is_let_go(request, launch, family):
+    """A sliding window or recurrent layers cannot drop a draft model's rejected drafts
+    (mlx-lm's own speculative decoding cannot either: it answered a hybrid model with a
+    500, and a wrapped window with drafts it never took back). The model is served in the
+    batch without it, saying so: every reply, from the prompt cache and after another
+    prompt's, is the reply without --draft-model."""
+    model = request.getfixturevalue(family)
+    drafting = launch(model, "--draft-model", str(model))
+    plain = launch(model, "--prompt-cache-size", "0")
+    assert drafting.log_lines("does not draft with --draft-model")
+    assert not any("one request at a time" in line for line in drafting.log)
+    bodies = [
+        endless(model, max_tokens=60, messages=[{"role": "user", "content": f"Tale {i}"}])
+        for i in range(3)
+    ]
+    for _ in range(2):  # the second time from the prompt cache
+        for body in bodies:
+            (choice, entries), (expected, expected_entries) = (
+                reply(drafting, body),
+                reply(plain, body),
+            )
+            assert choice["message"] == expected["message"]
+            assert [e[0] for e in entries] == [e[0] for e in expected_entries]
+
+
+def test_a_constrained_row_beside_a_draft_models_rows(launch, tiny_model):
+    """A server with --draft-model serves structured output: the constrained row does not
+    draft (its grammar follows the tokens) and shares passes with rows that do; its reply
+    is the one without the draft model."""
+    drafting = launch(tiny_model, "--draft-model", str(tiny_model))
+    plain = launch(tiny_model, "--prompt-cache-size", "0")
+    schema_body = constrained("capital", "nested", **NO_THINKING)
+    free = CONVERSATIONS[0].request
+    batched = concurrently(lambda b: reply(drafting, b), [schema_body, free])
+    assert accepted(drafting) > 0
+    for body, got in zip([schema_body, free], batched, strict=True):
+        expected = reply(plain, body)
+        assert got[0]["message"] == expected[0]["message"]
+        assert [e[0] for e in got[1]] == [e[0] for e in expected[1]]
 
 
 @pytest.mark.parametrize("draft", ["tiny_model", "echo_model"], ids=["itself", "another"])

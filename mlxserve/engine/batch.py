@@ -60,13 +60,18 @@ def reserved_tokens(job: GenerationJob) -> int:
 
 def can_batch(loaded: LoadedModel) -> bool:
     """Batching (mlx-lm's BatchGenerator) needs a model whose caches merge into batch
-    caches (a vision model's language model's too, see `vision_rows`); with a draft
-    model, caches that can drop the drafts they reject."""
+    caches (a vision model's language model's too, see `vision_rows`)."""
     model = batch_model(loaded.model, loaded.spec.vision)
-    caches = _fresh_caches(model, loaded, None)
-    if not all(hasattr(c, "merge") for c in caches):
-        return False
-    return loaded.draft_model is None or not any(_exact_prefix_only(c) for c in caches)
+    return all(hasattr(c, "merge") for c in _fresh_caches(model, loaded, None))
+
+
+def drops_drafts(loaded: LoadedModel) -> bool:
+    """Whether the model's and its draft model's caches can drop the drafts the model
+    rejects: a sliding window once wrapped has overwritten what a rejected draft
+    replaced, and recurrent layers have folded it in (mlx-lm's speculative decoding
+    cannot trim them back either)."""
+    model = batch_model(loaded.model, loaded.spec.vision)
+    return not any(_exact_prefix_only(c) for c in _fresh_caches(model, loaded, None))
 
 
 def _fresh_caches(model: Any, loaded: LoadedModel, head: Any) -> list[Any]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch
+from mlxserve.engine.batch import BatchLimits, BatchSession, can_batch, drops_drafts
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.lockstep import Lockstep
 from mlxserve.engine.memory import KVFootprint
@@ -116,28 +116,24 @@ def open_session(loaded: LoadedModel, draft_tokens: int, context: SessionContext
     """A session for a model just loaded: a batch where its caches batch, else one
     request at a time; a 400 for what neither can serve."""
     spec = loaded.spec
+    if loaded.draft_model is not None and not drops_drafts(loaded):
+        log.warning(
+            "%s does not draft with --draft-model: its caches cannot drop the drafts it "
+            "rejects (a sliding window or recurrent layers); served without it",
+            spec.path.name,
+        )
+        loaded.drop_draft_model()
     batches = can_batch(loaded)
     if not batches and context.lockstep is not None:
         raise bad_request(
             f"{spec.path.name} cannot be batched, and only a batch runs in "
             "lockstep across machines: serve it on one machine."
         )
-    if not batches and spec.vision and loaded.draft_model is not None:
-        raise bad_request(
-            f"{spec.path.name}'s caches cannot drop a draft model's rejected "
-            "drafts (a sliding window or recurrent layers): serve it without "
-            "--draft-model."
-        )
     if not batches:
-        why = (
-            "a vision model whose caches do not batch"
-            if spec.vision
-            else "a draft model beside caches that cannot drop its rejected drafts"
-        )
-        log.info("Serving %s one request at a time (%s)", spec.path, why)
+        log.info("Serving %s one request at a time (its caches do not batch)", spec.path)
         if spec.vision:  # the disk format is mlx-lm's cache classes
             context.cache.keep_off_disk(spec.key)
-        return StreamSession(loaded, context.cache, context.limits.prefill_chunk, draft_tokens)
+        return StreamSession(loaded, context.cache, context.limits.prefill_chunk)
     lockstep = context.lockstep
     return BatchSession(
         loaded,

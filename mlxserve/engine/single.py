@@ -1,5 +1,5 @@
-"""Single-stream generation, for what batching cannot run: speculative decoding with a
-draft model (mlx-lm's stream_generate) and vision models (see `vision`)."""
+"""Single-stream generation (mlx-lm's stream_generate), for text models whose caches do
+not batch; vision models' is in `vision`."""
 
 from __future__ import annotations
 
@@ -32,12 +32,8 @@ def generate_single(
     cache: PromptCache,
     job: GenerationJob,
     prefill_chunk: int,
-    draft_tokens: int,
 ) -> SingleRun:
-    models = [loaded.model, loaded.draft_model]
-    hit = cache.fetch(
-        job.spec.key, lambda: [c for m in models for c in make_prompt_cache(m)], job.prompt
-    )
+    hit = cache.fetch(job.spec.key, lambda: make_prompt_cache(loaded.model), job.prompt)
     tokenizer = loaded.tokenizer
     params = job.params
     generation = stream_generate(
@@ -48,8 +44,6 @@ def generate_single(
         sampler=build_sampler(params, tokenizer.all_special_ids, len(tokenizer)),
         logits_processors=build_logits_processors(params),
         prompt_cache=hit.cache,
-        draft_model=loaded.draft_model,
-        num_draft_tokens=draft_tokens,
         prefill_step_size=prefill_chunk,
         prompt_progress_callback=_progress(job, len(hit.rest)),
     )

@@ -1,7 +1,7 @@
-"""One request at a time, a token per step, for a model batching cannot serve (a vision
-model whose caches do not batch, a draft model beside caches that cannot drop its
-drafts): the same session interface as `batch.BatchSession`, so the
-generation thread steps it beside other models' batches."""
+"""One request at a time, a token per step, for a model whose caches do not batch (Llama
+4's chunked attention, a vision model's caches of that kind): the same session interface
+as `batch.BatchSession`, so the generation thread steps it beside other models'
+batches."""
 
 from __future__ import annotations
 
@@ -24,19 +24,15 @@ log = logging.getLogger(__name__)
 class StreamSession:
     """A `session.Session`."""
 
-    speculation: SpeculationCounts | None = None  # a draft model's are mlx-lm's own
+    speculation: SpeculationCounts | None = None  # it does not speculate
     footprint: KVFootprint | None = None  # not measured: one sequence at a time
     checkpoints = False  # its runs leave no checkpoints (see BatchSession)
     trace = 0  # never in lockstep
 
-    def __init__(
-        self, loaded: LoadedModel, cache: PromptCache, prefill_chunk: int, draft_tokens: int
-    ):
-        """`draft_tokens`: drafted per step by the model's draft model, if it has one."""
+    def __init__(self, loaded: LoadedModel, cache: PromptCache, prefill_chunk: int):
         self._loaded = loaded
         self._cache = cache
         self._prefill_chunk = prefill_chunk
-        self._draft_tokens = draft_tokens
         self._queue: deque[GenerationJob] = deque()
         self._run: SingleRun | None = None
 
@@ -91,9 +87,8 @@ class StreamSession:
     def admit(self, job: GenerationJob) -> None:
         if job.adapter is not None:
             raise bad_request(
-                f"{self.spec.path.name} runs one request at a time (a draft model beside "
-                "caches that cannot drop its drafts); adapters are served in the continuous "
-                "batch: serve it without --draft-model to use them.",
+                f"{self.spec.path.name} runs one request at a time (its caches do not "
+                "batch); adapters are served in the continuous batch only.",
                 param="model",
                 code="adapter_invalid",
             )
@@ -132,9 +127,7 @@ class StreamSession:
                 if self.spec.vision:
                     self._run = generate_vision(self._loaded, self._cache, job, self._prefill_chunk)
                 else:
-                    self._run = generate_single(
-                        self._loaded, self._cache, job, self._prefill_chunk, self._draft_tokens
-                    )
+                    self._run = generate_single(self._loaded, self._cache, job, self._prefill_chunk)
                 return True
             except Exception as e:
                 log.exception("generation failed")

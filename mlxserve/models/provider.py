@@ -103,6 +103,11 @@ class LoadedModel:
     # None where a model takes none (other kinds, --adapter-path, across machines)
     adapters: ModelAdapters | None = None
 
+    def drop_draft_model(self) -> None:
+        """Let the draft model go (it cannot draft for this model), its weights with it."""
+        self.nbytes -= _weight_bytes(self.draft_model)
+        self.draft_model = None
+
 
 def _is_inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents

@@ -19,7 +19,6 @@ from mlxserve.engine.worker import GenerationWorker
 from mlxserve.keys.caller import current_caller, model_refused
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.models.tokenizer import longest_token
-from mlxserve.mtp.eagle3 import is_eagle3
 from mlxserve.postprocess.output import (
     ChatMarkup,
     TextOutput,
@@ -108,7 +107,7 @@ class ChatService:
             injected_tools=injected,
         )
         max_tokens = self._fit(spec, request, len(prompt), request.messages_param, request.n)
-        grammar = _usable(chat_grammar(request, tokenizer, prompt, markup), spec)
+        grammar = chat_grammar(request, tokenizer, prompt, markup)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         if request.reasoning_budget is not None:
             budget = _reasoning_budget(request.reasoning_budget, tokenizer, prompt, markup)
@@ -224,7 +223,7 @@ class ChatService:
         longest = max(len(p) for p in prompts)
         sequences = request.n * len(prompts)
         max_tokens = self._fit(spec, request, longest, request.prompt_param, sequences)
-        grammar = _usable(completion_grammar(request, tokenizer), spec)
+        grammar = completion_grammar(request, tokenizer)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         # A constrained completion's grammar lets a word-marking tokenizer's first token
         # carry a space the text drops (structured/lark.after_space): it stays trimmed.
@@ -525,18 +524,6 @@ def _without_oldest_turns(request: ChatRequest) -> list[ChatRequest]:
     lead = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
     cuts = [i for i in range(lead + 1, len(messages)) if messages[i].role == "user"]
     return [replace(request, messages=messages[:lead] + messages[cut:]) for cut in cuts]
-
-
-def _usable(grammar: Grammar | None, spec: ModelSpec) -> Grammar | None:
-    """Speculative decoding with a draft model feeds the logits processors draft tokens
-    it may take back, which a grammar's matcher cannot follow (an EAGLE-3 drafter drafts
-    in the batch, where a constrained row does not draft)."""
-    draft = spec.draft_path
-    if grammar is not None and draft is not None and not is_eagle3(draft):
-        raise bad_request(
-            "Constrained decoding is not available on a server started with --draft-model."
-        )
-    return grammar
 
 
 def _reasoning_budget(budget: int, tokenizer, prompt: list[int], markup: ChatMarkup):
