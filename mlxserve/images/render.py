@@ -1,12 +1,13 @@
-"""Text-to-image models (mlx-vlm's diffusion pipelines), rendered a denoising step at a
-time so that a render shares the generation thread with chat streams (service.py) and a
-client that leaves stops it at the next step.
+"""Text-to-image models (mlx-vlm's diffusion pipelines), rendered a piece at a time (a
+DiT block, a VAE convolution: see pieces.py) so that a render shares the generation
+thread with chat streams (service.py) and a client that leaves stops it at the next
+piece.
 
 mlx-vlm's pipelines run a whole render in one call. For the families served here the
 loop is driven from outside, with the pipeline's own components (text encoder, DiT,
 scheduler, VAE) and the same operations in the same order, so that a render is the
-library's own `generate_array` / `edit_array` byte for byte (tests/test_images.py checks
-it). Z-Image (Tongyi-MAI/Z-Image and Z-Image-Turbo) is the family served; the other
+library's own `generate_array` / `edit_array` byte for byte (tests/test_image_generation.py
+checks it). Z-Image (Tongyi-MAI/Z-Image and Z-Image-Turbo) is the family served; the other
 families mlx-vlm loads are refused at load with a message that says so."""
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class ImageModel:
 
 
 class Render:
-    """One image's render, run a piece at a time: `step()` until `done`, then `image`.
+    """One image's render, run a piece at a time: `step()` until `image` is set.
     The pieces: the prompt's encoding, each DiT block of each denoising step, each VAE
     convolution of the decode (and of an edit's encode, and of a partial image's decode)."""
 
