@@ -42,7 +42,7 @@ fixtures: install speech
 # runs it in one process.
 TEST_WORKERS ?= 2
 test: install browser speech fixtures
-	$(WITH_BLAS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(WITH_BLAS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The engine's parts in this process on tiny models, and the parsers: a minute or two.
 test-fast: install

@@ -59,11 +59,26 @@ TIERS = {
 }
 
 
+# The modules that take longest (over 100 s each, `--durations=0`), run first: the two
+# workers of `make test` take whole modules in this order (--no-loadscope-reorder), so a
+# long one never starts last while the other worker sits idle.
+LONGEST_FIRST = (
+    "test_agents",
+    "test_distributed",
+    "test_mtp",
+    "test_openapi",
+    "test_shutdown",
+    "test_speculation",
+)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         path = Path(str(item.fspath))
         tier = "unit" if path.parent.name == "unit" else TIERS.get(path.stem, "server")
         item.add_marker(tier)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))
 
 
 @pytest.hookimpl(tryfirst=True)
