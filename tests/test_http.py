@@ -209,7 +209,7 @@ def test_stream_disconnect_cancels_generation(long_context, agent_model):
     # 130,000 tokens would take many minutes: the next answer proves the slot is free.
     status, _, body = srv.post(CHAT, {"messages": MESSAGES}, timeout=60)
     assert status == 200 and body["choices"][0]["message"]["content"] == AGENT_REPLY
-    assert any("client closed the connection" in line for line in srv.log)
+    assert srv.log_lines("client closed the connection")
 
 
 def test_non_stream_disconnect_cancels_generation(long_context, agent_model):
