@@ -7,7 +7,10 @@ Workloads, one streamed reply each (and `--streams` at once for the batch line):
   rare and rejected: the cost of speculating where it cannot help);
 - with a draft model: the 7M bench model drafting for the 50M one (both servers);
 - copy: the tiny-echo test fixture's conversation, a trained model writing back the
-  code it was given (an agent rewriting a file); tiny, so per-step overhead dominates.
+  code it was given (an agent rewriting a file); tiny, so per-step overhead dominates;
+- copy JSON: the same fixture writing back a JSON record, without and with its JSON
+  schema as `response_format` (a grammar row drafting; mlx_lm.server has no structured
+  output and writes the record unconstrained).
 
 Servers run from this venv, interleaved round by round; figures are decode tok/s (first
 token to last), median over rounds, and ratios to mlx_lm.server. Acceptance comes from
@@ -15,6 +18,7 @@ mlxserve's /metrics.
 
     make bench-speculation                       # 3 rounds, 200 tokens
     make bench-speculation ARGS="--rounds 1 --tokens 100"
+    make bench-speculation ARGS="--only copy"    # the fixture's copies only
 """
 
 from __future__ import annotations
@@ -49,24 +53,27 @@ def accepted_share(target: Target) -> str:
 
 
 def measure(workloads: dict, path: Path, rounds: int, bias: dict, servers: dict = TARGETS) -> None:
-    """`workloads`: label -> (messages, max tokens, temperature, streams at once);
-    `servers`: name -> (kind, flags), the last one the reference."""
+    """`workloads`: label -> (messages, max tokens, temperature, streams at once[, more
+    of the request body]); `servers`: name -> (kind, flags), the last one the reference."""
     targets = {name: Target(kind, path, *flags) for name, (kind, flags) in servers.items()}
     first, *_, reference_name = servers
     speeds: dict[tuple[str, str], list[float]] = {}
     try:
         for _ in range(rounds):
-            for label, (messages, tokens, temperature, streams) in workloads.items():
+            for label, (messages, tokens, temperature, streams, *more) in workloads.items():
+                fields = more[0] if more else None
                 for name, target in targets.items():
                     if streams > 1:  # aggregate tok/s
                         requests = [(messages, tokens)] * streams
-                        replies = target.chat_together(requests, bias, temperature=temperature)
+                        replies = target.chat_together(
+                            requests, bias, temperature=temperature, fields=[fields] * streams
+                        )
                         start = min(r.stamps[0] for r in replies)
                         end = max(r.finished for r in replies)
                         speed = sum(r.completion_tokens - 1 for r in replies) / (end - start)
                     else:
                         speed = target.chat(
-                            messages, tokens, bias, temperature=temperature
+                            messages, tokens, bias, temperature=temperature, fields=fields
                         ).decode_tps
                     speeds.setdefault((label, name), []).append(speed)
         for label in workloads:
@@ -75,7 +82,7 @@ def measure(workloads: dict, path: Path, rounds: int, bias: dict, servers: dict 
             for name in targets:
                 median = statistics.median(speeds[(label, name)])
                 cells.append(f"{name} {median:6.1f} tok/s ({median / reference:4.2f}x)")
-            print(f"  {label:14}" + "   ".join(cells))
+            print(f"  {label:18}" + "   ".join(cells))
         print(f"  {first}: {accepted_share(targets[first])}")
     finally:
         for target in targets.values():
@@ -88,11 +95,20 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--model", default="50m", choices=sorted(models.MODELS))
+    parser.add_argument(
+        "--only", choices=("copy",), help="only the fixture's copies (no random-weight model)"
+    )
     args = parser.parse_args()
 
     import mlx.core as mx
 
     print(f"device {mx.default_device()}, {args.tokens} tokens per reply, {args.rounds} rounds")
+    if args.only is None:
+        random_weights(args)
+    copies(args.rounds)
+
+
+def random_weights(args: argparse.Namespace) -> None:
     path = models.build(models.MODELS[args.model])
     w = Workload(path, args.tokens, 0)
     prompt = w.user(200)
@@ -113,17 +129,30 @@ def main() -> None:
     drafted = {k: v for k, v in workloads.items() if k.startswith("repeating")}
     measure(drafted, path, args.rounds, w.logit_bias, servers)
 
+
+def copies(rounds: int) -> None:
+    """The echo fixture copying code, a JSON record, and the record under its schema."""
     fixtures = Path(__file__).parents[1] / "tests" / "fixtures"
     sys.path.insert(0, str(fixtures))
     import fixture_models
-    from conversations import ECHO
+    from conversations import ECHO, ECHO_JSON, ECHO_RECORD_SCHEMA
 
     from mlxserve.models.demo import cache_root
 
     tiny = fixture_models.build(fixture_models.TINY_ECHO, cache_root() / "fixtures")
-    echo = ECHO.messages
-    print(f"\n{tiny.name} (the echo conversation: the reply copies the prompt's code)")
-    measure({"copy": (echo, 100, 0.0, 1)}, tiny, args.rounds, {})
+    schema = {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "record", "schema": ECHO_RECORD_SCHEMA},
+        }
+    }
+    print(f"\n{tiny.name} (the reply copies the prompt's code, or its JSON record)")
+    workloads = {
+        "copy": (ECHO.messages, 100, 0.0, 1),
+        "copy JSON": (ECHO_JSON.messages, 150, 0.0, 1),
+        "copy JSON, schema": (ECHO_JSON.messages, 150, 0.0, 1, schema),
+    }
+    measure(workloads, tiny, rounds, {})
 
 
 if __name__ == "__main__":

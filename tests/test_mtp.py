@@ -125,8 +125,8 @@ def test_stops_and_limits_cut_the_reply_where_plain_decoding_does(family):
 
 
 def test_a_constrained_row_shares_passes_with_drafting_rows(family):
-    """A grammar follows the tokens, so its row decodes a token per pass, in the passes
-    that verify the other rows' drafts."""
+    """A grammar row drafts with the head too, its drafts verified under its mask, in the
+    passes that verify the other rows' drafts."""
     off, on = family.off, family.on
     bodies = [
         {**BY_NAME["capital"].request, "response_format": {"type": "json_object"}},

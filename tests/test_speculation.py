@@ -1,6 +1,7 @@
 """Prompt-lookup speculation: drafts from the context verified in the decode step change
-nothing a client can see (greedy tokens, logprobs, stops, limits, grammars, seeded
-sampling, alone and batched), and a reply that repeats its prompt accepts them.
+nothing a client can see (greedy tokens, logprobs, stops, limits, grammars, penalties, a
+reasoning budget, seeded sampling, alone and batched), and a reply that repeats its
+prompt accepts them, also under a grammar or penalties.
 
 The servers here run with `--speculation on`: on this machine's CPU backend "auto" turns
 speculation off (verifying k tokens costs k steps there), so the default server never
@@ -9,7 +10,15 @@ exercises it."""
 from __future__ import annotations
 
 import pytest
-from conversations import BY_NAME, CONVERSATIONS, ECHO, ECHO_CODE, ECHO_CONVERSATIONS
+from conversations import (
+    BY_NAME,
+    CONVERSATIONS,
+    ECHO,
+    ECHO_CODE,
+    ECHO_CONVERSATIONS,
+    ECHO_JSON,
+    ECHO_RECORD_SCHEMA,
+)
 from helpers.metrics import metrics
 from helpers.speculation import accepted, assert_same, reply, speculated
 from helpers.streams import ENDS, beside_a_stream, concurrently, endless
@@ -120,9 +129,35 @@ def test_stops_and_limits_cut_the_reply_where_plain_decoding_does(echo_servers, 
         assert speculated[0]["finish_reason"] == "length"
 
 
-def test_a_grammar_constrained_reply_is_unchanged_beside_a_drafting_row(echo_servers):
-    """A grammar keeps state per token, so its row does not draft; it shares passes with
-    a row that does."""
+# Echo replies under constraints they meet: each row drafts what it copies from its
+# prompt, and its drafts are verified under its grammar's mask or its penalties at every
+# position.
+RECORD_FORMAT = {"type": "json_schema", "json_schema": {"name": "r", "schema": ECHO_RECORD_SCHEMA}}
+COPYING = {
+    "json-schema": (ECHO_JSON, {"response_format": RECORD_FORMAT}),
+    "regex": (ECHO, {"guided_regex": r"[ -~\n]+"}),  # printable ASCII lines
+    "penalties": (
+        ECHO,
+        {"presence_penalty": 0.1, "frequency_penalty": 0.1, "repetition_penalty": 1.02},
+    ),
+}
+
+
+@pytest.mark.parametrize(("conv", "constraint"), COPYING.values(), ids=COPYING.keys())
+def test_a_constrained_reply_drafts_and_is_unchanged(echo_servers, conv, constraint):
+    off, on = echo_servers
+    body = {**conv.request, **constraint}
+    before = accepted(on)
+    plain, speculated = reply(off, body), reply(on, body)
+    assert_same(plain, speculated)
+    assert speculated[0]["message"]["content"] == conv.reply
+    assert accepted(on) - before >= speculated[0]["usage"]["completion_tokens"] / 2
+
+
+def test_a_grammar_row_beside_a_drafting_row_keeps_its_reply(echo_servers):
+    """A JSON schema the echo model does not copy into: its drafts are mostly rejected, and
+    every rejection takes the grammar back (a matcher left a token ahead would forbid the
+    reply's next token); a drafting row shares its passes."""
     off, on = echo_servers
     schema_body = constrained("capital", "nested", **NO_THINKING)
     before = accepted(on)
@@ -131,6 +166,39 @@ def test_a_grammar_constrained_reply_is_unchanged_beside_a_drafting_row(echo_ser
     assert accepted(on) > before
     for p, b in zip(plain, batched, strict=True):
         assert_same(p, b)
+
+
+def test_a_required_tool_call_drafts_under_its_grammar(servers):
+    off, on = servers
+    body = {**BY_NAME["tool_call"].request, "tool_choice": "required"}
+    before = speculated(on, "drafted")
+    plain, drafted = reply(off, body), reply(on, body)
+    assert_same(plain, drafted)
+    assert drafted[0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert speculated(on, "drafted") > before
+
+
+def test_a_reasoning_budget_follows_drafted_tokens(servers):
+    """The budget counts drafted tokens as they are verified and takes back the rejected
+    ones: the reasoning is cut where plain decoding cuts it."""
+    off, on = servers
+    body = {
+        "model": "default",
+        "max_tokens": 60,
+        "messages": BY_NAME["think"].messages,
+        "thinking": {"type": "enabled", "budget_tokens": 5},
+    }
+    before = speculated(on, "drafted")
+    replies = []
+    for srv in (off, on):
+        status, _, answer = srv.post("/v1/messages", body)
+        assert status == 200, answer
+        replies.append((answer["content"], answer["usage"]["output_tokens"]))
+    assert replies[0] == replies[1]
+    cut, after = replies[1][0][:2]  # (the fixture, its answer given, may think again)
+    assert 0 < len(cut["thinking"]) < len(BY_NAME["think"].reasoning)
+    assert after["type"] == "text"
+    assert speculated(on, "drafted") > before
 
 
 def test_seeded_sampling_is_reproducible_alone_and_batched(echo_servers):
@@ -195,9 +263,9 @@ def test_a_draft_model_that_cannot_draft_is_let_go(request, launch, family):
 
 
 def test_a_constrained_row_beside_a_draft_models_rows(launch, tiny_model):
-    """A server with --draft-model serves structured output: the constrained row does not
-    draft (its grammar follows the tokens) and shares passes with rows that do; its reply
-    is the one without the draft model."""
+    """A server with --draft-model serves structured output: the constrained row drafts
+    too, its drafts verified under its grammar beside rows without one; its reply is the
+    one without the draft model."""
     drafting = launch(tiny_model, "--draft-model", str(tiny_model))
     plain = launch(tiny_model, "--prompt-cache-size", "0")
     schema_body = constrained("capital", "nested", **NO_THINKING)
@@ -232,8 +300,8 @@ def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
     assert speculated(srv, "drafted") > 0
     if draft == "tiny_model":
         assert accepted(srv) >= 0.97 * speculated(srv, "drafted")  # 89% when the draft lags a token
-        # Steps without drafts (every row follows a penalty) keep the draft aligned too:
-        # the conversation continued from such a reply's cached caches drafts as well.
+        # A row with a penalty drafts too, and leaves the draft's caches aligned: the
+        # conversation continued from its cached caches drafts as well.
         story = BY_NAME["story"]
         status, _, first = srv.post(CHAT, {**story.request, "frequency_penalty": 1e-6})
         assert status == 200

@@ -33,7 +33,6 @@ from mlxserve.compat import install_generation_batch
 from mlxserve.engine.speculative import (
     SpeculationCounts,
     SpeculativeBatch,
-    per_position,
     roll_back,
 )
 
@@ -72,10 +71,7 @@ class HeadDraftBatch(SpeculativeBatch):
         rooms = [
             limit - done - 1 for limit, done in zip(self.max_tokens, self.generated, strict=True)
         ]
-        drafting = [
-            per_position(p) and room > 0
-            for p, room in zip(self.logits_processors, rooms, strict=True)
-        ]
+        drafting = [room > 0 for room in rooms]
         if not any(drafting):
             return GenerationBatch.next(self)
         lookups = self._predictions() if self.lookup else [[] for _ in self.uids]

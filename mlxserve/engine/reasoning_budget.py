@@ -27,7 +27,9 @@ class ReasoningBudget:
 class ReasoningBudgetProcessor:
     """An mlx-lm logits processor (one per sequence) that follows the generated tokens:
     inside reasoning it counts them, and at the budget it allows only the next closing
-    token until reasoning is closed. Reasoning opened a second time is not capped again."""
+    token until reasoning is closed. Reasoning opened a second time is not capped again.
+    A speculative pass shows it drafted tokens one position at a time; `rollback` takes
+    back those the pass did not keep."""
 
     def __init__(self, budget: ReasoningBudget):
         self._budget = budget
@@ -36,6 +38,14 @@ class ReasoningBudgetProcessor:
         self._spent = 0
         self._done = False
         self._calls = 0
+        self._before: list[tuple[bool, int, bool]] = []  # the state before each token
+
+    def rollback(self, tokens: int) -> None:
+        """Take back the last `tokens` followed (drafted tokens a pass did not keep)."""
+        if tokens:
+            self._inside, self._spent, self._done = self._before[-tokens]
+            del self._before[-tokens:]
+            del self._generated[-tokens:]
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:  # the first call sees the prompt's last token, not a generated one
@@ -49,6 +59,7 @@ class ReasoningBudgetProcessor:
         return mx.where(allowed, logits, -mx.inf)
 
     def _follow(self, token: int) -> None:
+        self._before.append((self._inside, self._spent, self._done))
         self._generated.append(token)
         budget = self._budget
         if self._inside:

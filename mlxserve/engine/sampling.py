@@ -6,6 +6,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import mlx.core as mx
 from mlx_lm.sample_utils import (
@@ -113,6 +114,16 @@ def _keyed_sampler(s: SamplerSettings, seed: int) -> Callable:
     return sample
 
 
+class LogitsProcessor(Protocol):
+    """What a sequence's logits processors are: mlx-lm's call, and `rollback`, which takes
+    back the last drafted tokens they were shown and a verify pass did not keep (see
+    `speculative`)."""
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array: ...
+
+    def rollback(self, tokens: int) -> None: ...
+
+
 class LogitBias:
     """`logit_bias` as a logits processor (mlx-lm's operation). It keeps no state, so it
     applies to every position of a pass at once: sequences with only such processors can
@@ -127,17 +138,39 @@ class LogitBias:
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         return logits.at[:, self._indices].add(self._values)
 
+    def rollback(self, tokens: int) -> None:
+        """Nothing to take back: no state."""
+
+
+class Penalty:
+    """One of mlx-lm's penalties (repetition, presence, frequency). It reads only the tokens
+    it is shown, so a speculative pass shows it each drafted position's own context and
+    it has nothing to take back (see `speculative`)."""
+
+    def __init__(self, apply: Callable):
+        self._apply = apply
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        return self._apply(tokens, logits)
+
+    def rollback(self, tokens: int) -> None:
+        """Nothing to take back: no state."""
+
 
 def build_logits_processors(params: GenerationParams) -> list[Callable]:
-    """One sequence's processors; the reasoning budget and the grammar mask come last, so
-    that no bias or penalty can bring back a token they forbid."""
+    """One sequence's processors (each a `LogitsProcessor`, in the list type mlx-lm takes);
+    the reasoning budget and the grammar mask come last, so that no bias or penalty can
+    bring back a token they forbid."""
     s = params.sampling
     processors: list[Callable] = [LogitBias(s.logit_bias)] if s.logit_bias else []
-    processors += make_logits_processors(
-        repetition_penalty=s.repetition_penalty,
-        repetition_context_size=s.repetition_context_size,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
+    processors += map(
+        Penalty,
+        make_logits_processors(
+            repetition_penalty=s.repetition_penalty,
+            repetition_context_size=s.repetition_context_size,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+        ),
     )
     if params.reasoning_budget is not None:
         processors.append(params.reasoning_budget.processor())

@@ -12,9 +12,13 @@ right padding into left padding).
 Comparing the sampled token with a single drafted token is the standard acceptance rule for
 a draft that proposes one token with certainty: the kept token has the target
 distribution, so greedy output is the plain output and sampled output is drawn from the
-same distribution. Sequences with logits processors that follow the tokens (penalties, a
-grammar, a reasoning budget) decode without drafts in the same pass; processors marked
-`per_position` (a logit bias) apply to every position. A hybrid model's recurrent states
+same distribution. Logits processors marked `per_position` (a logit bias) apply to every
+position of a row at once. Those that follow the tokens are shown the row's positions one
+at a time, each with its own context (the tokens before it, drafted ones included), and
+the drafted tokens the row did not keep are then taken back (`rollback`): a penalty reads
+only its context; a grammar's llguidance matcher and a reasoning budget roll back. So a
+constrained row drafts, its drafts are verified under its grammar's mask at each position,
+and a drafted token the grammar does not allow is never kept. A hybrid model's recurrent states
 cannot drop positions: where a row rejected part of its draft, they go back to where the
 pass began and take the kept tokens again (`_replay`).
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
@@ -38,9 +42,10 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlxserve.compat import GenerationBatchAdapter, install_generation_batch
 from mlxserve.engine.row_entry import RowEntry
+from mlxserve.engine.sampling import LogitsProcessor
 from mlxserve.values import int_rows
 
-NGRAM_SIZES = (4, 3, 2)  # the context's last n tokens looked up, longest first
+NGRAM_SIZES = (8, 6, 4, 3, 2)  # the context's last n tokens looked up, longest first
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
 MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
 
@@ -142,7 +147,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
 
     def _predictions(self) -> list[list[int]]:
         """Each row's prediction of its next token and its draft after it (none for rows
-        whose logits processors follow the tokens, or at their token limit). Predicting
+        at their token limit). Predicting
         the next token too keeps drafting from waiting for it: it is still being computed
         (mlx-lm's step starts the next token before it returns this one)."""
         drafters = self._drafters
@@ -152,7 +157,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
             drafter = drafters.get(uid) or NgramDrafter(self.max_draft)
             self._drafters[uid] = drafter
             room = self.max_tokens[i] - self.generated[i] - 1  # the next token counts one
-            if not per_position(self.logits_processors[i]) or room <= 0:
+            if room <= 0:
                 predictions.append([])
             else:
                 predicted = drafter.propose(self.tokens[i], room)
@@ -173,7 +178,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
         inputs = mx.concatenate([self.next_tokens[:, None], drafted], axis=1)
         before = _recurrent_states(self._model_caches)
         logits = self.model(inputs, cache=self._model_caches)
-        logits = self._processed(inputs, logits)
+        logits = self._processed(inputs, logits, lengths)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = self._sample(logprobs, [n + 1 for n in lengths])
         mx.eval(sampled, inputs, self.next_logprobs)
@@ -190,6 +195,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
                 accepted += 1
             if draft:
                 self._record(i, len(draft), accepted)
+                self._take_back(i, draft, accepted)
                 self.counts.drafted += len(draft)
                 self.counts.accepted += accepted
             tokens, reason = self._until_finish(i, [nexts[i], *usable[:accepted]])
@@ -200,10 +206,12 @@ class SpeculativeBatch(GenerationBatchAdapter):
         self._settle(inputs, kept, before)
         return self._respond(kept, reasons, after, logprobs)
 
-    def _processed(self, inputs: mx.array, logits: mx.array) -> mx.array:
-        """Each row's logits processors: per-position ones over all its positions, others
-        at its first position only (such rows have no draft), fed the token it follows as
-        mlx-lm's own step does (per-position processors do not read the tokens)."""
+    def _processed(self, inputs: mx.array, logits: mx.array, lengths: list[int]) -> mx.array:
+        """Each row's logits processors (row i's next token and its `lengths[i]` drafted
+        ones). Per-position ones apply to all its positions at once (they do not read the
+        tokens); others are shown one position at a time with the tokens before it, as
+        mlx-lm's own step feeds them (its token context takes the next token now, and the
+        drafted ones it keeps in `_take_back`)."""
         if not any(self.logits_processors):
             return logits
         rows = []
@@ -214,12 +222,27 @@ class SpeculativeBatch(GenerationBatchAdapter):
                     row = processor(inputs[e], row)
             else:
                 context = self.token_context(e).update_and_fetch(inputs[e, :1])
-                first = row[:1]
-                for processor in processors:
-                    first = processor(context, first)
-                row = mx.concatenate([first, row[1:]], axis=0)
+                positions = []
+                for j in range(1 + lengths[e]):
+                    seen = mx.concatenate([context, inputs[e, 1 : 1 + j]]) if j else context
+                    position = row[j : j + 1]
+                    for processor in processors:
+                        position = processor(seen, position)
+                    positions.append(position)
+                row = mx.concatenate([*positions, row[1 + lengths[e] :]], axis=0)
             rows.append(row)
         return mx.stack(rows)
+
+    def _take_back(self, row: int, draft: list[int], accepted: int) -> None:
+        """A row whose processors follow the tokens was shown its whole draft: its token
+        context takes the accepted tokens, and its processors take back the others."""
+        processors = self.logits_processors[row]
+        if per_position(processors):
+            return
+        if accepted:
+            self.token_context(row).update_and_fetch(mx.array(draft[:accepted], dtype=mx.int32))
+        for processor in processors:  # built by sampling.build_logits_processors
+            cast(LogitsProcessor, processor).rollback(len(draft) - accepted)
 
     def _sample(self, logprobs: mx.array, lengths: list[int]) -> mx.array:
         """Each row's sampler over its next token and drafted positions. A batch sharing
@@ -346,8 +369,7 @@ class DraftModelBatch(SpeculativeBatch):
     less than the model's: the batch takes a prompt's last token into the model alone, and
     each step the draft takes the model's last token with the next one. A verified pass
     adds as many positions to both, and each row drops as many of them (the drafted tokens
-    it did not keep), so one roll-back serves both; a step without drafts (every row has
-    processors that follow the tokens) feeds the draft the model's last token before it."""
+    it did not keep), so one roll-back serves both."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -356,9 +378,6 @@ class DraftModelBatch(SpeculativeBatch):
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
-        drafting = [per_position(p) for p in self.logits_processors]
-        if not any(drafting):
-            return GenerationBatch.next(self)
         draft_caches = self._drafter_caches
         last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self.next_tokens.dtype)
         fed = mx.stack([last, self.next_tokens], axis=1)
@@ -367,16 +386,8 @@ class DraftModelBatch(SpeculativeBatch):
             logits = self.draft_model(fed, cache=draft_caches)[:, -1, :]
             fed = mx.argmax(logits, axis=-1).astype(self.next_tokens.dtype)[:, None]
             drafted.append(fed)
-        lengths = [self.max_draft if d else 0 for d in drafting]
+        lengths = [self.max_draft] * len(self.uids)
         return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
-
-    def decode_step(self):
-        """mlx-lm's step; the draft model takes the model's last token before it, staying
-        one token behind."""
-        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self.next_tokens.dtype)
-        result = super().decode_step()
-        mx.async_eval(self.draft_model(last[:, None], cache=self._drafter_caches))
-        return result
 
     def extract_cache(self, idx: int) -> list[Any]:
         """A row's caches for the prompt cache, the draft's brought level with the

@@ -103,7 +103,13 @@ class Grammar:
 class GrammarProcessor:
     """An mlx-lm logits processor: each call feeds the token generated since the last call
     to the matcher, then masks every token the grammar does not allow next. Once the
-    grammar is complete only end-of-turn tokens remain."""
+    grammar is complete only end-of-turn tokens remain.
+
+    A speculative pass calls it once per position, each call with one more drafted token,
+    and `rollback` then takes back the drafted tokens the pass did not keep (llguidance's
+    matchers roll back). A drafted token the grammar does not allow is refused, not fed:
+    it, and every position after it, allow only end-of-turn tokens (the sampler at the
+    position before never picks a refused token, so none of them is ever kept)."""
 
     def __init__(
         self,
@@ -119,18 +125,16 @@ class GrammarProcessor:
         self._vocab_size = vocab_size
         self._ends = ends
         self._allowed: np.ndarray | None = None
+        self._refused = 0  # the last tokens seen that were not fed (none, or a draft's tail)
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:  # the first call sees the prompt's last token, not a generated one
-            token = as_int(tokens[-1])
-            self._matcher.consume_token(token)
-            if self._numbers is not None:
-                self._numbers.written(token)
+            self._follow(as_int(tokens[-1]))
         self._calls += 1
         if self._allowed is None:  # the model's vocabulary may be padded past the tokenizer's
             self._allowed = np.zeros(logits.shape[-1], dtype=np.bool_)
             self._vocab_size = min(self._vocab_size, logits.shape[-1])
-        if self._matcher.is_error():  # cannot happen with the mask applied: end the reply
+        if self._refused or self._matcher.is_error():  # only past a draft's refused token
             self._allowed[:] = False
             self._allowed[self._ends] = True
         else:
@@ -140,6 +144,22 @@ class GrammarProcessor:
             if self._numbers is not None:
                 self._numbers.restrict(self._allowed)
         return mx.where(mx.array(self._allowed), logits, -mx.inf)
+
+    def _follow(self, token: int) -> None:
+        if self._refused or self._matcher.try_consume_tokens([token]) == 0:
+            self._refused += 1
+        elif self._numbers is not None:
+            self._numbers.written(token)
+
+    def rollback(self, tokens: int) -> None:
+        """Take back the last `tokens` seen (drafted tokens a pass did not keep)."""
+        refused = min(tokens, self._refused)
+        self._refused -= refused
+        fed = tokens - refused
+        if fed:
+            self._matcher.rollback(fed)
+            if self._numbers is not None:
+                self._numbers.rollback(fed)
 
 
 def failure_message(messages: list[str], matcher) -> str:

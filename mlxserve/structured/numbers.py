@@ -132,18 +132,31 @@ class NumberBounds:
     def __init__(self, table: NumberTable):
         self._table = table
         self._within: NumberTable | None = None
-        self._tail = b""
+        self._text = bytearray()  # all written (a reply's bytes: small beside its KV cache)
+        self._ends: list[int] = []  # where each token's bytes end in it
+
+    @property
+    def _tail(self) -> bytes:
+        return bytes(self._text[-TAIL_BYTES:])
 
     def written(self, token: int) -> None:
         if token < len(self._table.tokens):
-            self._tail = (self._tail + self._table.tokens[token])[-TAIL_BYTES:]
+            self._text += self._table.tokens[token]
+        self._ends.append(len(self._text))
+
+    def rollback(self, tokens: int) -> None:
+        """Forget the last `tokens` written (drafted tokens a verify pass did not keep)."""
+        if tokens:
+            del self._ends[-tokens:]
+            del self._text[self._ends[-1] if self._ends else 0 :]
 
     def restrict(self, allowed: np.ndarray) -> None:
         """Clears, in `allowed` (the grammar's mask), the tokens that would carry the number
         being written past its bounds, unless that leaves nothing."""
-        if not self._tail or self._tail[-1] not in NUMBER_BYTES:
+        tail = self._tail
+        if not tail or tail[-1] not in NUMBER_BYTES:
             return
-        match = TRAILING_NUMBER.search(self._tail)
+        match = TRAILING_NUMBER.search(tail)
         if self._within is None:
             self._within = self._table.within(len(allowed))
         table = self._within

@@ -13,6 +13,16 @@ def test_the_prediction_follows_the_latest_earlier_occurrence_of_the_longest_ngr
     assert NgramDrafter(8).propose(context, limit=4) == [7, 2, 3, 9, 5]
 
 
+def test_a_record_copied_from_the_prompt_follows_the_prompts_same_item():
+    """Each item of a record repeats its field names (k1..k4): their last occurrence is
+    the item just copied, whose value (5) is wrong; the longer match, which names the
+    item (B), finds the prompt's same item and its value (6)."""
+    a, b, k = 100, 200, [11, 12, 13, 14]
+    prompt = [0, a, *k, 5, b, *k, 6, 99]
+    copied = [a, *k, 5, b, *k]
+    assert NgramDrafter(8).propose([*prompt, *copied], limit=1) == [6, 99]
+
+
 def test_a_recent_occurrence_runs_on_over_its_own_prediction():
     """A repeating stretch (a loop, a column of equal lines) is drafted at full length."""
     assert NgramDrafter(8).propose([1, 2, 3, 4, 4, 4, 4], limit=8) == [4] * 5

@@ -1,0 +1,103 @@
+"""Logits processors that follow drafted tokens (engine/speculative.py shows them a draft
+one position at a time, then takes back what the pass did not keep): after `rollback`
+each one masks the next token exactly as one that never saw the rejected tokens."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from mlxserve.engine.reasoning_budget import ReasoningBudget
+from mlxserve.structured import lark
+from mlxserve.structured.matcher import Grammar
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "number"}, "s": {"type": "string"}},
+    "required": ["n", "s"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return load_tokenizer(tiny_model)
+
+
+def shown(processor, tokens: list[int], vocab: int) -> list[np.ndarray]:
+    """Show `processor` the tokens one call each, as a decode does (the first is the
+    prompt's last token); the tokens each call left allowed."""
+    masks = []
+    for end in range(1, len(tokens) + 1):
+        logits = processor(mx.array(tokens[:end]), mx.zeros((1, vocab)))
+        masks.append(np.isfinite(np.array(logits[0])))
+    return masks
+
+
+def encoded(tokenizer, *texts: str) -> list[list[int]]:
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def after_rollback(speculating, plain, kept, drafted, then, vocab):
+    """Show `speculating` the kept tokens and the draft, take the draft back, and show it
+    `then`; show `plain` the kept tokens and `then`: each one's masks at `then`."""
+    shown(speculating, [*kept, *drafted], vocab)
+    speculating.rollback(len(drafted))
+    got = [shown_once(speculating, [*kept, *then[: i + 1]], vocab) for i in range(len(then))]
+    return got, [m.tolist() for m in shown(plain, [*kept, *then], vocab)[len(kept) :]]
+
+
+def shown_once(processor, tokens: list[int], vocab: int) -> list[bool]:
+    logits = processor(mx.array(tokens), mx.zeros((1, vocab)))
+    return np.isfinite(np.array(logits[0])).tolist()
+
+
+@pytest.mark.parametrize(
+    ("kept", "drafted", "then"),
+    [
+        ('{"n": 12', '345, "s": "x', "6"),  # drafts the grammar allows, rejected
+        # 17 significant digits is all a number may carry: the bounds must forget the
+        # drafted digits, or they would refuse the 17th
+        ('{"n": 1234567890123456', "789", "7"),
+        ('{"n": 1', '}}} "', ","),  # a draft the grammar refuses
+    ],
+    ids=["allowed", "number-bounds", "refused"],
+)
+def test_a_grammar_rolls_back_to_the_kept_tokens(tokenizer, kept, drafted, then):
+    grammar = Grammar(tokenizer, lark.grammar(lark.json_schema(SCHEMA)))
+    prompt = tokenizer.encode("x", add_special_tokens=False)
+    kept_ids, drafted_ids, then_ids = encoded(tokenizer, kept, drafted, then)
+    got, expected = after_rollback(
+        grammar.processor(),
+        grammar.processor(),
+        [*prompt, *kept_ids],
+        drafted_ids,
+        then_ids,
+        len(tokenizer.vocab),
+    )
+    assert got == expected
+
+
+def test_positions_after_a_refused_draft_token_allow_only_the_ends(tokenizer):
+    grammar = Grammar(tokenizer, lark.grammar(lark.json_schema(SCHEMA)))
+    lead, refused, after = encoded(tokenizer, 'x{"n": 1', "]", "1")
+    masks = shown(grammar.processor(), [*lead, *refused, *after], len(tokenizer.vocab))
+    ends = sorted(tokenizer.eos_token_ids)
+    assert len(np.flatnonzero(masks[len(lead) - 1])) > len(ends)
+    assert [np.flatnonzero(m).tolist() for m in masks[len(lead) :]] == [ends, ends]
+
+
+@pytest.mark.parametrize("drafted", [[1, 1], [8, 9, 1], [1, 8]])
+def test_a_reasoning_budget_rolls_back_to_the_kept_tokens(drafted):
+    """Budget 3, reasoning opened by the prompt and closed by tokens 8, 9: drafted tokens
+    spend the budget or close the reasoning; taken back, they do neither."""
+    budget = ReasoningBudget(3, opening=(7,), closing=(8, 9), opened=True)
+    kept = [0, 1, 1]  # the prompt's last token, then two of reasoning
+    got, expected = after_rollback(
+        budget.processor(), budget.processor(), kept, drafted, [1, 8], 10
+    )
+    # the third token of reasoning spends the budget: the closing tokens are forced
+    assert expected == [[t == 8 for t in range(10)], [t == 9 for t in range(10)]]
+    assert got == expected
