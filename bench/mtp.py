@@ -1,7 +1,8 @@
 """Decoding with a checkpoint's MTP head: accepted tokens per step, and decode speed with
 drafting off, prompt lookup only, the head, and both, at 1, 4 and 16 streams, against
 mlx_lm.server (which drops the head when it loads the model); and the same for tiny-chat
-with an EAGLE-3 drafter (tests/fixtures/eagle3_fixture.py).
+with an EAGLE-3 drafter and with a DFlash block drafter (tests/fixtures/eagle3_fixture.py,
+dflash_fixture.py).
 
 The models are the test fixtures that carry a head, trained with it on tiny-chat's
 conversations (tests/fixtures/mtp_fixture.py): tiny-qwen35-mtp (Qwen3.5's hybrid
@@ -122,6 +123,7 @@ def main() -> None:
 
     sys.path.insert(0, str(FIXTURES))
     import conversations
+    import dflash_fixture
     import eagle3_fixture
     import fixture_models
     import mtp_fixture
@@ -135,14 +137,16 @@ def main() -> None:
         print(f"\n{spec.name}")
         measure(path, story, args.rounds)
     tiny = fixture_models.build(fixture_models.TINY_CHAT, cache_root() / "fixtures")
-    drafter = eagle3_fixture.build(tiny, cache_root() / "fixtures")
-    print(f"\n{tiny.name} with {drafter.name} as its --draft-model")
-    eagle = {
+    eagle = eagle3_fixture.build(tiny, cache_root() / "fixtures")
+    dflash = dflash_fixture.build(tiny, cache_root() / "fixtures")
+    print(f"\n{tiny.name} with {eagle.name} or {dflash.name} as its --draft-model")
+    drafters = {
         "off": SERVERS["off"],
-        "EAGLE-3": ("mlxserve", ("--draft-model", str(drafter), "--speculation", "off")),
+        "EAGLE-3": ("mlxserve", ("--draft-model", str(eagle), "--speculation", "off")),
+        "DFlash": ("mlxserve", ("--draft-model", str(dflash), "--speculation", "off")),
         "mlx_lm.server": SERVERS["mlx_lm.server"],
     }
-    measure(tiny, story, args.rounds, eagle)
+    measure(tiny, story, args.rounds, drafters)
     print("\nWhat drafting costs here (glm4_moe, 8 layers of width 512, 49k vocabulary)")
     drafting_cost()
 

@@ -296,13 +296,13 @@ class ServerConfig:
     draft_model: str | None = setting(
         None,
         group=SPECULATION,
-        help="a draft model for speculative decoding, or an EAGLE-3 drafter (mlx-vlm's format)",
+        help="a draft model for speculative decoding, or an EAGLE-3 or DFlash drafter (mlx-vlm's and z-lab's formats)",
     )
     num_draft_tokens: int = setting(
         3,
         group=SPECULATION,
         help="tokens drafted per sequence and step by a draft model, an EAGLE-3 drafter or "
-        "an MTP head",
+        "an MTP head (a DFlash drafter guesses its block size less one)",
     )
     speculation: str = setting(
         "auto",

@@ -146,7 +146,7 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
         mlx_active_bytes=mx.get_active_memory,
         mlx_cache_bytes=mx.get_cache_memory,
         speculation=lambda: [
-            (provider.name(spec), counts.drafted, counts.accepted)
+            (provider.name(spec), counts.drafted, counts.accepted, counts.verified)
             for spec, counts in worker.residency.speculation()
         ],
     )

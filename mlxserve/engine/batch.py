@@ -23,6 +23,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlxserve.adapters.layers import BASE
 from mlxserve.compat import RowState, generation_batch, row_state
 from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, with_slot
+from mlxserve.engine.block_drafts import draft_in_blocks
 from mlxserve.engine.head_drafts import draft_with_head
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
@@ -251,6 +252,9 @@ class BatchSession:
     def _plan_speculation(self) -> SpeculationPlan:
         """What drafts this batch verifies (speculation_plan.py's table)."""
         loaded, limits, head = self._loaded, self._limits, self._loaded.head
+        draft_tokens = self._draft_tokens
+        if head is not None and getattr(head, "blocks", False):
+            draft_tokens = head.block - 1  # a DFlash drafter guesses its block less one
         features = SpeculationFeatures(
             name=self.spec.path.name,
             draft_model=loaded.draft_model is not None,
@@ -260,7 +264,7 @@ class BatchSession:
             head_splits=head is not None and splits_exactly(loaded.model),
             kv_quantized=bool(limits.kv_bits),
             lockstep=self._traced,
-            draft_tokens=self._draft_tokens,
+            draft_tokens=draft_tokens,
             mtp=limits.mtp,
             lookup=limits.speculation,
             max_draft=limits.max_draft,
@@ -272,6 +276,8 @@ class BatchSession:
         plan, draft_model = self._plan, self._loaded.draft_model
         if plan.draft_model and draft_model is not None:
             return speculate_in(self._generator, self._draft_tokens, draft_model)
+        if self._head is not None and getattr(self._head, "blocks", False):
+            return draft_in_blocks(self._generator, self._head, self._head.block - 1)
         if self._head is not None:
             max_draft = self._limits.max_draft if plan.lookup else 0
             return draft_with_head(self._generator, self._head, self._draft_tokens, max_draft)
@@ -644,10 +650,13 @@ class BatchSession:
         """Process the next `count` prompt tokens into the model's caches and the head
         drafter's: its entry at each position pairs the model's hidden state there with
         the token after it (the rest of the prompt always holds one: the batch takes the
-        last)."""
+        last); a DFlash drafter's is the context at each position."""
         assert self._capture is not None
         self._capture(mx.array(hit.rest[:count])[None], cache=hit.cache[: self._layers])
         hidden = cast(mx.array, self._capture.hidden)
+        if getattr(self._head, "blocks", False):
+            self._head.take(hidden, hit.cache[self._layers :])
+            return
         following = mx.array(hit.rest[1 : count + 1])[None]
         self._head(following, hidden[:, : following.shape[1]], hit.cache[self._layers :])
 

@@ -52,10 +52,12 @@ MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
 
 @dataclass
 class SpeculationCounts:
-    """Drafted and accepted tokens since the session opened (for /metrics)."""
+    """Drafted and accepted tokens since the session opened, and the drafts verified
+    (a row's draft in one pass: accepted / verified is what a pass gains; for /metrics)."""
 
     drafted: int = 0
     accepted: int = 0
+    verified: int = 0
 
 
 class NgramDrafter:
@@ -198,6 +200,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
                 self._take_back(i, draft, accepted)
                 self.counts.drafted += len(draft)
                 self.counts.accepted += accepted
+                self.counts.verified += 1
             tokens, reason = self._until_finish(i, [nexts[i], *usable[:accepted]])
             kept.append(tokens)
             reasons.append(reason)

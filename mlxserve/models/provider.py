@@ -35,6 +35,7 @@ from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
 from mlxserve.models.kinds import KINDS, LoadRequest, ModelKind
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision import load_vision_model, load_vision_processor
+from mlxserve.mtp.dflash import DFlashDrafter, DFlashUnsupported
 from mlxserve.mtp.eagle3 import Eagle3Drafter, drafter_kind
 from mlxserve.mtp.load import load_head
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found
@@ -97,7 +98,8 @@ class LoadedModel:
     draft_model: Any | None
     nbytes: int = 0  # the weights' memory, the draft model's and the head's included
     # A drafter that reads the model's hidden states: the checkpoint's MTP head
-    # (mtp.head.MTPHead) or an EAGLE-3 --draft-model (mtp.eagle3.Eagle3Drafter)
+    # (mtp.head.MTPHead), an EAGLE-3 --draft-model (mtp.eagle3.Eagle3Drafter) or a
+    # DFlash one (mtp.dflash.DFlashDrafter)
     head: Any | None = None
     # The adapters resident in a text model (rows of one batch each under their own);
     # None where a model takes none (other kinds, --adapter-path, across machines)
@@ -520,11 +522,17 @@ class ModelProvider:
         if spec.draft_path is not None and drafter == "eagle3":
             log.info("Read an EAGLE-3 drafter from %s", spec.draft_path.name)
             return model, None, Eagle3Drafter.load(spec.draft_path, model)
+        if spec.draft_path is not None and drafter == "dflash":
+            log.info("Read a DFlash drafter from %s", spec.draft_path.name)
+            try:
+                return model, None, DFlashDrafter.load(spec.draft_path, model)
+            except DFlashUnsupported as e:
+                raise bad_request(f"{e}: give --draft-model another drafter.") from e
         if spec.draft_path is not None and drafter is not None:
             raise bad_request(
                 f"{spec.draft_path.name} is a {drafter} drafter, which mlxserve does not serve: "
-                "give --draft-model an EAGLE-3 drafter or a small language model (a "
-                "checkpoint's own MTP head is read from the model itself, see --mtp)."
+                "give --draft-model a DFlash or EAGLE-3 drafter or a small language model "
+                "(a checkpoint's own MTP head is read from the model itself, see --mtp)."
             )
         draft = load_model(spec.draft_path)[0] if spec.draft_path else None
         return model, draft, self._mtp_head(spec, model) if draft is None else None

@@ -106,10 +106,11 @@ class Metrics:
         model_bytes: Callable[[], Iterable[tuple[str, int]]],
         mlx_active_bytes: Callable[[], int],
         mlx_cache_bytes: Callable[[], int],
-        speculation: Callable[[], Iterable[tuple[str, int, int]]] = list,
+        speculation: Callable[[], Iterable[tuple[str, int, int, int]]] = list,
     ) -> None:
         """Gauges (and counters kept by the engine) read from the server's parts at scrape
-        time; `speculation` gives (model, drafted tokens, accepted tokens)."""
+        time; `speculation` gives (model, drafted tokens, accepted tokens, drafts
+        verified)."""
         r = self.registry
         Gauge(
             "mlxserve_mlx_active_memory_bytes", "Memory in MLX arrays now.", registry=r
@@ -129,14 +130,15 @@ class Metrics:
         r.register(_PerModel("mlxserve_model_memory_bytes", "Weights in memory.", model_bytes))
         for column, (outcome, doc) in enumerate(
             (
-                ("drafted", "Tokens drafted (from the context, a draft model or an MTP head)."),
-                ("accepted", "Drafted tokens the model agreed with (no step of their own)."),
+                ("drafted_tokens", "Tokens drafted (from the context, a drafter or an MTP head)."),
+                ("accepted_tokens", "Drafted tokens the model agreed with (no step of their own)."),
+                ("verified_drafts", "Drafts verified (a sequence's draft in one pass)."),
             ),
             start=1,
         ):
             r.register(
                 _PerModel(
-                    f"mlxserve_speculative_{outcome}_tokens",
+                    f"mlxserve_speculative_{outcome}",
                     doc,
                     _column(speculation, column),
                     CounterMetricFamily,
@@ -169,7 +171,7 @@ class Metrics:
 
 
 def _column(
-    rows: Callable[[], Iterable[tuple[str, int, int]]], index: int
+    rows: Callable[[], Iterable[tuple[str, int, int, int]]], index: int
 ) -> Callable[[], list[tuple[str, float]]]:
     """(model, value) pairs of one column of `rows`, read when called."""
     return lambda: [(row[0], float(row[index])) for row in rows()]

@@ -41,3 +41,10 @@ def speculated(srv, outcome: str) -> float:
 
 def accepted(srv) -> float:
     return speculated(srv, "accepted")
+
+
+def verified(srv) -> float:
+    """The drafts the server verified (a sequence's draft in one pass), every model's."""
+    return sum(
+        v for (name, _), v in metrics(srv).items() if name.endswith("_verified_drafts_total")
+    )
