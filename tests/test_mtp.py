@@ -106,6 +106,9 @@ def test_the_drafter_is_read_and_its_drafts_are_accepted(family):
     # counts them.
     assert steps - 2 <= passes <= steps + 1
     assert taken / passes >= family.kind.tokens_per_pass - 1
+    # Each row's draft length follows what it keeps: a drafter guesses about one token
+    # more a pass than it gets kept (EAGLE-3's fixture keeps one of three: it drafts 2).
+    assert drafted / passes <= taken / passes + 1.2
     assert speculated(off, "drafted") == 0
 
 

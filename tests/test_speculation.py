@@ -20,7 +20,7 @@ from conversations import (
     ECHO_RECORD_SCHEMA,
 )
 from helpers.metrics import metrics
-from helpers.speculation import accepted, assert_same, reply, speculated
+from helpers.speculation import accepted, assert_same, reply, speculated, verified
 from helpers.streams import ENDS, beside_a_stream, concurrently, endless
 from helpers.structured import NO_THINKING, constrained
 from transformers import AutoTokenizer
@@ -276,6 +276,19 @@ def test_a_constrained_row_beside_a_draft_models_rows(launch, tiny_model):
         expected = reply(plain, body)
         assert got[0]["message"] == expected[0]["message"]
         assert [e[0] for e in got[1]] == [e[0] for e in expected[1]]
+
+
+def test_a_draft_models_drafts_shorten_where_they_miss(launch, tiny_model, echo_model):
+    """tiny-echo never learned the story: drafting for tiny-chat its guesses miss, and each
+    row's draft shrinks to one token a pass (from --num-draft-tokens 3); the reply is
+    tiny-chat's own."""
+    srv = launch(tiny_model, "--draft-model", str(echo_model), "--num-draft-tokens", "3")
+    story = BY_NAME["story"]
+    before = speculated(srv, "drafted"), verified(srv)
+    assert reply(srv, story.request)[0]["message"]["content"] == story.reply
+    drafted, passes = speculated(srv, "drafted") - before[0], verified(srv) - before[1]
+    assert passes > 100
+    assert drafted < 1.3 * passes  # three a pass were it not shortened
 
 
 @pytest.mark.parametrize("draft", ["tiny_model", "echo_model"], ids=["itself", "another"])

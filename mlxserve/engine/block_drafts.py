@@ -11,8 +11,9 @@ distribution.
 The drafter's KV cache holds one entry per token in the model's cache, after the model's
 in the row's cache list (as a draft model's are), so the batch, the prompt cache and the
 disk tier carry it along. Only context enters it, so a rejected guess leaves nothing to
-roll back. Each row's draft length follows its acceptance (`DraftLength`): a block pass
-costs about the same at any length, but a verify pass grows with its widest row.
+roll back. Each row's draft length follows its acceptance (`speculative.DraftLength`): a
+block pass costs about the same at any length, but a verify pass grows with its widest
+row.
 """
 
 from __future__ import annotations
@@ -24,22 +25,12 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
-from mlxserve.engine.speculative import SpeculationCounts, SpeculativeBatch, roll_back
-
-
-class DraftLength:
-    """One row's draft length: doubled (up to `longest`) while its drafts are accepted
-    whole, cut to what was accepted and one more otherwise."""
-
-    def __init__(self, longest: int):
-        self.longest = longest
-        self.length = longest
-
-    def record(self, drafted: int, accepted: int) -> None:
-        if accepted == drafted:
-            self.length = min(2 * self.length, self.longest)
-        else:
-            self.length = accepted + 1
+from mlxserve.engine.speculative import (
+    DraftLengths,
+    SpeculationCounts,
+    SpeculativeBatch,
+    roll_back,
+)
 
 
 class BlockDraftBatch(SpeculativeBatch):
@@ -51,7 +42,7 @@ class BlockDraftBatch(SpeculativeBatch):
         super().__init__(*args, **kwargs)
         self.drafter: Any = None
         self._unseen: list[mx.array] = []  # per row: 1 x n x width, context not yet taken
-        self._lengths: dict[int, DraftLength] = {}
+        self._lengths = DraftLengths()
 
     # The rows' state beside mlx-lm's ----------------------------------------------------------
 
@@ -65,7 +56,6 @@ class BlockDraftBatch(SpeculativeBatch):
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
         self._unseen = [self._unseen[i] for i in keep]
-        self._lengths = {uid: self._lengths[uid] for uid in self.uids if uid in self._lengths}
 
     def extract_cache(self, idx: int) -> list[Any]:
         """A row's caches for the prompt cache, the drafter's holding all its context."""
@@ -78,11 +68,7 @@ class BlockDraftBatch(SpeculativeBatch):
         if not self.uids:
             return []
         self._take_unseen()
-        lengths = []
-        for i, uid in enumerate(self.uids):
-            room = self.max_tokens[i] - self.generated[i] - 1  # the next token counts one
-            length = self._lengths.setdefault(uid, DraftLength(self.max_draft)).length
-            lengths.append(max(0, min(length, room)))
+        lengths = self._lengths.of(self, self.max_draft)
         if not any(lengths):
             return GenerationBatch.next(self)
         drafted = self.drafter.draft(self.next_tokens, self._drafter_caches, max(lengths))
@@ -97,7 +83,7 @@ class BlockDraftBatch(SpeculativeBatch):
         return result
 
     def _record(self, row: int, drafted: int, accepted: int) -> None:
-        self._lengths[self.uids[row]].record(drafted, accepted)
+        self._lengths.record(self.uids[row], drafted, accepted)
 
     # After a verified pass -------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """Drafting with a head that reads the model's hidden states, inside the continuous batch:
 the model's own MTP head, or an EAGLE-3 drafter (`mtp/`; both called "the head" here).
 
-Each step the head drafts `draft_tokens` tokens for every row, chained: from the model's
-hidden state at its last position and its next token it predicts the token after, then
-goes on from its own output. The model verifies them in the pass that decodes the step,
+Each step the head drafts for every row, chained: from the model's hidden state at its
+last position and its next token it predicts the token after, then goes on from its own
+output, as many guesses as the longest row's draft length (each row's follows its
+acceptance, up to `draft_tokens`: `speculative.DraftLengths`). The model verifies them in the pass that decodes the step,
 exactly as it verifies prompt-lookup drafts (`speculative.SpeculativeBatch`); a row whose
 context predicts a draft (prompt lookup, where enabled) verifies that one instead, in the
 same pass. Drafts are greedy, one token proposed with certainty, so the acceptance rule
@@ -31,6 +32,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
 from mlxserve.engine.speculative import (
+    DraftLengths,
     SpeculationCounts,
     SpeculativeBatch,
     roll_back,
@@ -49,6 +51,7 @@ class HeadDraftBatch(SpeculativeBatch):
         self._hidden: mx.array | None = None  # B x 1 x width: the model's at its last position
         self._from_lookup: set[int] = set()  # rows whose draft this step came from the context
         self._chain = 0  # the head's guesses this step (its cache took as many entries)
+        self._lengths = DraftLengths()  # the head's draft length per row
         self._verified: Any = None  # the verified pass's hidden states
 
     # The rows' state beside mlx-lm's ----------------------------------------------------------
@@ -68,22 +71,16 @@ class HeadDraftBatch(SpeculativeBatch):
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
-        rooms = [
-            limit - done - 1 for limit, done in zip(self.max_tokens, self.generated, strict=True)
-        ]
-        drafting = [room > 0 for room in rooms]
-        if not any(drafting):
+        guessed = self._lengths.of(self, self.draft_tokens)  # the head's, per row
+        if not any(guessed):  # every row at its token limit
             return GenerationBatch.next(self)
         lookups = self._predictions() if self.lookup else [[] for _ in self.uids]
         self._from_lookup = {i for i, p in enumerate(lookups) if p}
-        lengths = [
-            len(p) - 1 if p else (min(self.draft_tokens, room) if d else 0)
-            for p, d, room in zip(lookups, drafting, rooms, strict=True)
-        ]
+        lengths = [len(p) - 1 if p else n for p, n in zip(lookups, guessed, strict=True)]
         longest = max(lengths)
         table = [p[1:] + [0] * (longest - len(p) + 1) if p else [0] * longest for p in lookups]
         drafted = mx.array(table, dtype=self.next_tokens.dtype)
-        chain = self.draft_tokens if len(self._from_lookup) < sum(drafting) else 0
+        chain = max((n for i, n in enumerate(guessed) if i not in self._from_lookup), default=0)
         if chain:
             guesses = self._draft(chain)
             if longest > chain:
@@ -116,9 +113,11 @@ class HeadDraftBatch(SpeculativeBatch):
         return result
 
     def _record(self, row: int, drafted: int, accepted: int) -> None:
-        """Prompt lookup's draft length follows its own acceptance only."""
+        """Prompt lookup's draft length and the head's each follow their own acceptance."""
         if row in self._from_lookup:
             super()._record(row, drafted, accepted)
+        else:
+            self._lengths.record(self.uids[row], drafted, accepted)
 
     # After a verified pass -------------------------------------------------------------------
 

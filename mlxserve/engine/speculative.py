@@ -60,6 +60,45 @@ class SpeculationCounts:
     verified: int = 0
 
 
+class DraftLength:
+    """One row's draft length for a drafter that guesses for every row (a draft model, a
+    head, a DFlash block): doubled (up to `longest`) while its drafts are accepted whole,
+    cut to what was accepted and one more otherwise. A verify pass costs more the wider
+    its widest row, and a chained drafter a step per guess: rows whose guesses miss stop
+    paying for the guesses they would not keep."""
+
+    def __init__(self, longest: int):
+        self.longest = longest
+        self.length = longest
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if accepted == drafted:
+            self.length = min(2 * self.length, self.longest)
+        else:
+            self.length = accepted + 1
+
+
+class DraftLengths:
+    """The draft lengths of a batch's rows, by uid (each starts at the longest)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, DraftLength] = {}
+
+    def of(self, batch: SpeculativeBatch, longest: int) -> list[int]:
+        """Each row's draft length this step (at most `longest`), within its token limit
+        (0 at the limit); the rows that left the batch are forgotten."""
+        rows, lengths = {}, []
+        for i, uid in enumerate(batch.uids):
+            rows[uid] = self._rows.get(uid) or DraftLength(longest)
+            room = batch.max_tokens[i] - batch.generated[i] - 1  # the next token counts one
+            lengths.append(max(0, min(rows[uid].length, room)))
+        self._rows = rows
+        return lengths
+
+    def record(self, uid: int, drafted: int, accepted: int) -> None:
+        self._rows[uid].record(drafted, accepted)
+
+
 class NgramDrafter:
     """One sequence's drafts: an index of where each n-gram of its context last ended,
     and a draft length that follows how much of its drafts was accepted."""
@@ -364,8 +403,9 @@ class SpeculativeBatch(GenerationBatchAdapter):
 
 class DraftModelBatch(SpeculativeBatch):
     """The batch of a model served with a draft model: each step the draft model writes
-    `max_draft` tokens for every row (greedily: one token with certainty, so the same
-    acceptance rule holds), and the model verifies them in one pass.
+    as many tokens for every row as the longest row's draft length (`DraftLengths`, at
+    most `max_draft`; greedily: one token with certainty, so the same acceptance rule
+    holds), and the model verifies each row's own length of them in one pass.
 
     Each row's cache list is the model's caches followed by the draft model's (as in
     mlx-lm's speculative decoding and the prompt cache). The draft's caches hold one token
@@ -377,19 +417,21 @@ class DraftModelBatch(SpeculativeBatch):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.draft_model: Any = None
+        self._lengths = DraftLengths()
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
+        lengths = self._lengths.of(self, self.max_draft)
         draft_caches = self._drafter_caches
         last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self.next_tokens.dtype)
         fed = mx.stack([last, self.next_tokens], axis=1)
         drafted = []
-        for _ in range(self.max_draft):
+        # At least one: the draft takes the model's last token with the next one each step.
+        for _ in range(max(1, *lengths)):
             logits = self.draft_model(fed, cache=draft_caches)[:, -1, :]
             fed = mx.argmax(logits, axis=-1).astype(self.next_tokens.dtype)[:, None]
             drafted.append(fed)
-        lengths = [self.max_draft] * len(self.uids)
         return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
 
     def extract_cache(self, idx: int) -> list[Any]:
@@ -401,7 +443,7 @@ class DraftModelBatch(SpeculativeBatch):
         return caches
 
     def _record(self, row: int, drafted: int, accepted: int) -> None:
-        """The draft length is the server's (`--num-draft-tokens`)."""
+        self._lengths.record(self.uids[row], drafted, accepted)
 
 
 def roll_back(caches: list[Any], unkept: list[int]) -> None:
