@@ -9,6 +9,7 @@ versions tested from above; move the bounds deliberately, with that test.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,60 @@ def row_state(batch: GenerationBatch, row: int) -> RowState:
         (batch.samplers or [])[row] if batch.samplers else None,
         list(batch.logits_processors[row] or []) if batch.logits_processors else [],
     )
+
+
+def mend_window_masks() -> None:
+    """mlx-lm's BatchRotatingKVCache (a sliding window) builds the mask of a pass over
+    several tokens from the trim its update will make at the window's front, computed from
+    `_idx`; once single-token steps have rotated the window, `_idx` is the write position,
+    not the window's length, so a left-padded row loses its oldest in-window entry to the
+    mask. mlx-lm never mixes the two (a prompt, then one token a step); a speculative batch
+    does, every verify pass. The mask is made after putting the window in temporal order
+    (`_temporal_order`, which the update does first anyway). Idempotent."""
+    from mlx_lm.models.cache import BatchRotatingKVCache
+
+    original = BatchRotatingKVCache.make_mask
+    if getattr(original, "mended", False):
+        return
+
+    @functools.wraps(original)
+    def make_mask(self, N: int, window_size: Any = None, return_array: bool = False) -> Any:
+        if N > 1 and self.rotated:
+            self._temporal_order()
+        return original(self, N, window_size=window_size, return_array=return_array)
+
+    make_mask.mended = True  # type: ignore[attr-defined]
+    BatchRotatingKVCache.make_mask = make_mask  # type: ignore[method-assign]
+
+
+def roll_back_window(cache: Any, shared: int, rest: list[int]) -> None:
+    """Take the positions rows did not keep out of a BatchRotatingKVCache (a sliding
+    window): `shared` from every row, `rest[i]` more from row i.
+
+    The model's pass over several tokens writes by concatenation, after the window's last
+    `max_size - 1` tokens, nothing overwritten: the cache is in temporal order and its
+    last positions are the pass's. `trim` moves only the cache's end (`_idx`, the 7th
+    item of `state`); the entries past it are cut here, or the next single-token step,
+    which sizes the window by the array, would keep them. A row's extra positions become
+    its left padding, as `finalize` turns right padding into left padding (`prepare`'s
+    `lengths` count from the current offsets, so `-rest` marks the rows' ends; the
+    padding is the 4th item of `state`).
+
+    A window written one token at a time since (`rotated`, the last item of `state`: a
+    draft model's chain) has overwritten entries the rollback would need; no drafter's
+    cache here is one (a draft model beside a sliding window is let go at load)."""
+    assert not cache.state[-1], "a window written in place cannot give back its drafts"
+    if shared:
+        cache.trim(shared)
+        keys, values, *middle, end, rotated = cache.state
+        cache.state = (keys[..., :end, :], values[..., :end, :], *middle, end, rotated)
+    if any(rest):
+        # A negative left padding counts entries a full window has dropped: start from none,
+        # so that the padding `finalize` adds covers exactly the rolled-in positions.
+        keys, values, offset, padding, *more = cache.state
+        cache.state = (keys, values, offset, mx.maximum(padding, 0), *more)
+        cache.prepare(lengths=[-n for n in rest], right_padding=rest)
+        cache.finalize()
 
 
 def register_cache_class(cls: type) -> None:

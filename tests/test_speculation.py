@@ -19,7 +19,6 @@ from conversations import (
     ECHO_JSON,
     ECHO_RECORD_SCHEMA,
 )
-from helpers.metrics import metrics
 from helpers.speculation import accepted, assert_same, reply, speculated, verified
 from helpers.streams import ENDS, beside_a_stream, concurrently, endless
 from helpers.structured import NO_THINKING, constrained
@@ -225,24 +224,35 @@ def test_n_choices_each_speculate(echo_servers):
     assert answer["usage"] == off.post(CHAT, body)[2]["usage"]
 
 
-def test_caches_that_cannot_drop_rejected_drafts_do_not_speculate(launch, sliding_model):
-    """A sliding window, once it has wrapped, has overwritten what a rejected draft
-    would have to give back: such models decode as before. (A recurrent state is taken
-    again from where the pass began: test_mtp serves a hybrid model with drafts.)"""
-    srv = launch(sliding_model, "--speculation", "on")
-    status, _, answer = srv.post(CHAT, {**ECHO.request, "max_tokens": 20})
-    assert status == 200, answer
-    names = {name for name, _ in metrics(srv)}
-    assert not any("speculative" in name for name in names)
+def test_a_sliding_window_speculates(launch, sliding_model):
+    """A pass over several tokens appends to the random-weight fixture's 32-token window
+    without overwriting it, so a wrapped window drops rejected drafts as a full cache does
+    (each row's own count):
+    alone and all at once, every reply is plain decoding's, and drafts were accepted and
+    rejected. The replies are written in three letters (a logit bias), so that lookups
+    are often right and often wrong."""
+    tokenizer = AutoTokenizer.from_pretrained(sliding_model)
+    letters = {str(tokenizer.convert_tokens_to_ids(t)): 30 for t in ("a", "b", "c")}
+    plain = launch(sliding_model, "--speculation", "off", "--prompt-cache-size", "0")
+    srv = launch(sliding_model, "--speculation", "on", "--prompt-cache-size", "0")
+    tales = [[{"role": "user", "content": f"Tale {i}"}] for i in range(4)]
+    bodies = [{"messages": m, "max_tokens": 90, "logit_bias": letters} for m in tales]
+    expected = [reply(plain, b) for b in bodies]
+    for body, want in zip(bodies, expected, strict=True):
+        assert_same(want, reply(srv, body))
+    for got, want in zip(concurrently(lambda b: reply(srv, b), bodies), expected, strict=True):
+        assert_same(want, got)
+    assert speculated(srv, "drafted") > 2 * accepted(srv) > 0
 
 
 @pytest.mark.parametrize("family", ["sliding_model", "hybrid_model"])
 def test_a_draft_model_that_cannot_draft_is_let_go(request, launch, family):
-    """A sliding window or recurrent layers cannot drop a draft model's rejected drafts
-    (mlx-lm's own speculative decoding cannot either: it answered a hybrid model with a
-    500, and a wrapped window with drafts it never took back). The model is served in the
-    batch without it, saying so: every reply, from the prompt cache and after another
-    prompt's, is the reply without --draft-model."""
+    """A draft model's chain writes its sliding window a token at a time, over entries a
+    rollback would need, and recurrent layers fold a draft in (mlx-lm's own speculative
+    decoding cannot drop them either: it answered a hybrid model with a 500, and a wrapped
+    window with drafts it never took back). The model is served in the batch without it,
+    saying so: every reply, from the prompt cache and after another prompt's, is the reply
+    without --draft-model."""
     model = request.getfixturevalue(family)
     drafting = launch(model, "--draft-model", str(model))
     plain = launch(model, "--prompt-cache-size", "0")

@@ -72,25 +72,28 @@ def same(a: tuple, b: tuple) -> bool:
 class Family:
     model: Path
     end_token: int  # the id of the token that ends a turn
-    # whether its caches can drop rejected drafts (a sliding window cannot, nor mlx-vlm's
-    # recurrent layers yet)
+    # whether its caches can drop rejected drafts (mlx-vlm's recurrent layers cannot yet)
     drafts: bool
+    # whether a draft model drafts for it (not beside a sliding window: the draft model's
+    # chain writes its window a token at a time, over what a rollback would need)
+    draft_model: bool
 
 
-# Each family's fixture, the token that ends its turns, and whether it drafts.
+# Each family's fixture, the token that ends its turns, whether it drafts from the
+# context, and whether with a draft model.
 FAMILIES = {
-    "qwen2_vl": ("vision_model", "<|im_end|>", True),
-    "qwen3_5": ("qwen35_vision_model", "<|im_end|>", False),
-    "gemma3": ("gemma3_vision_model", "<end_of_turn>", False),
+    "qwen2_vl": ("vision_model", "<|im_end|>", True, True),
+    "qwen3_5": ("qwen35_vision_model", "<|im_end|>", False, False),
+    "gemma3": ("gemma3_vision_model", "<end_of_turn>", True, False),
 }
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request) -> Family:
-    fixture, end, drafts = FAMILIES[request.param]
+    fixture, end, drafts, draft_model = FAMILIES[request.param]
     model = request.getfixturevalue(fixture)
     end_token = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(end)
-    return Family(model, end_token, drafts)
+    return Family(model, end_token, drafts, draft_model)
 
 
 @pytest.fixture(scope="module")
@@ -194,9 +197,9 @@ def test_rows_equal_alone_and_mlx_vlm_generate(launch, family, library):
 
 def test_speculation_gives_the_same_tokens(launch, family, library):
     """Prompt-lookup drafts verified beside images: the tokens without speculation, and
-    drafts were accepted (the fixture's replies repeat themselves). Gemma 3's sliding
-    window and Qwen3.5's recurrent layers cannot drop rejected drafts: they do not draft,
-    and the log says why (docs, limitations)."""
+    drafts were accepted (the fixture's replies repeat themselves), Gemma 3's sliding
+    window included. Qwen3.5's recurrent layers (mlx-vlm's) cannot drop rejected drafts:
+    they do not draft, and the log says why (docs, limitations)."""
     srv = launch(family.model, "--prompt-cache-size", "0", "--speculation", "on")
     bodies = requests(family.end_token)
     drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
@@ -218,15 +221,15 @@ def accepted_drafts(srv) -> float:
 def test_a_draft_model_drafts_beside_images(launch, family, library):
     """A small language model drafts for a vision model (here its own language model, as
     mlx-lm loads the checkpoint): the tokens mlx-vlm's generate_step gives, and drafts
-    accepted. A family whose caches cannot drop drafts is served without the draft model,
-    batched, the log saying why."""
+    accepted. A family whose caches cannot drop a draft model's drafts (a sliding window,
+    recurrent layers) is served without the draft model, batched, the log saying why."""
     flags = ("--prompt-cache-size", "0", "--draft-model", str(family.model))
-    srv = launch(family.model, *flags)
+    srv = launch(family.model, *flags, "--speculation", "off")  # the draft model's drafts only
     drafted = concurrently(
         lambda body: reply(srv, body, streamed=False), requests(family.end_token)
     )
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
-    if family.drafts:
+    if family.draft_model:
         assert accepted_drafts(srv) > 0
     else:
         assert accepted_drafts(srv) == 0

@@ -38,14 +38,29 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchRotatingKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
-from mlxserve.compat import GenerationBatchAdapter, install_generation_batch
+from mlxserve.compat import (
+    GenerationBatchAdapter,
+    install_generation_batch,
+    mend_window_masks,
+    roll_back_window,
+)
 from mlxserve.engine.row_entry import RowEntry
 from mlxserve.engine.sampling import LogitsProcessor
 from mlxserve.values import int_rows
 
+# The caches (as a sequence makes them) whose batch caches drop a pass's rejected drafts:
+# cut off, or (recurrent states) taken again from where the pass began.
+ROLLS_BACK = (KVCache, RotatingKVCache, ArraysCache)
 NGRAM_SIZES = (8, 6, 4, 3, 2)  # the context's last n tokens looked up, longest first
+mend_window_masks()  # a verify pass beside single-token steps (see compat)
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
 MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
 
@@ -454,6 +469,9 @@ def roll_back(caches: list[Any], unkept: list[int]) -> None:
     shared = min(unkept)
     rest = [n - shared for n in unkept]
     for cache in caches:
+        if isinstance(cache, BatchRotatingKVCache):
+            roll_back_window(cache, shared, rest)
+            continue
         if shared:
             cache.trim(shared)
         if any(rest):
@@ -468,11 +486,13 @@ def _recurrent_states(caches: list[Any]) -> list[list[Any]]:
 
 
 def can_roll_back(caches: list[Any]) -> bool:
-    """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed;
-    recurrent states are taken again from where the pass began (see `_replay`); a vision
-    row's RoPE delta and a row's adapter hold no positions. (A vision model's recurrent
-    states are mlx-vlm's, whose layers pad a replay their own way: they do not draft.)"""
-    return all(type(c) in (KVCache, ArraysCache) or isinstance(c, RowEntry) for c in caches)
+    """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed,
+    sliding windows too (a pass over several tokens overwrites nothing: see
+    `compat.roll_back_window`); recurrent states are taken again from where the pass began
+    (see `_replay`); a vision row's RoPE delta and a row's adapter hold no positions. (A
+    vision model's recurrent states are mlx-vlm's, whose layers pad a replay their own
+    way: they do not draft.)"""
+    return all(type(c) in ROLLS_BACK or isinstance(c, RowEntry) for c in caches)
 
 
 def per_position(processors) -> bool:
