@@ -60,9 +60,11 @@ from mlxserve.values import int_rows
 # cut off, or (recurrent states) taken again from where the pass began.
 ROLLS_BACK = (KVCache, RotatingKVCache, ArraysCache)
 NGRAM_SIZES = (8, 6, 4, 3, 2)  # the context's last n tokens looked up, longest first
-mend_window_masks()  # a verify pass beside single-token steps (see compat)
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
 MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
+
+# Verify passes beside single-token steps need mlx-lm's sliding-window masks mended.
+mend_window_masks()
 
 
 @dataclass
@@ -105,8 +107,7 @@ class DraftLengths:
         rows, lengths = {}, []
         for i, uid in enumerate(batch.uids):
             rows[uid] = self._rows.get(uid) or DraftLength(longest)
-            room = batch.max_tokens[i] - batch.generated[i] - 1  # the next token counts one
-            lengths.append(max(0, min(rows[uid].length, room)))
+            lengths.append(max(0, min(rows[uid].length, batch.room(i))))
         self._rows = rows
         return lengths
 
@@ -212,7 +213,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
         for i, uid in enumerate(self.uids):
             drafter = drafters.get(uid) or NgramDrafter(self.max_draft)
             self._drafters[uid] = drafter
-            room = self.max_tokens[i] - self.generated[i] - 1  # the next token counts one
+            room = self.room(i)
             if room <= 0:
                 predictions.append([])
             else:
@@ -222,6 +223,11 @@ class SpeculativeBatch(GenerationBatchAdapter):
 
     def _record(self, row: int, drafted: int, accepted: int) -> None:
         self._drafters[self.uids[row]].record(drafted, accepted)
+
+    def room(self, row: int) -> int:
+        """How many tokens a row may draft after its next one (its token limit counts that
+        one); 0 or less at the limit."""
+        return self.max_tokens[row] - self.generated[row] - 1
 
     # Verifying ----------------------------------------------------------------------------
 

@@ -3,8 +3,6 @@ block): it follows each row's acceptance, within the row's token limit."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from mlxserve.engine.speculative import DraftLength, DraftLengths
 
 
@@ -20,15 +18,23 @@ def test_the_length_shrinks_to_what_was_kept_and_grows_back_while_drafts_are_kep
         assert length.length == expected
 
 
+class Rows:
+    """A batch as DraftLengths reads it: its rows' uids and room to draft."""
+
+    def __init__(self, uids: list[int], rooms: list[int]):
+        self.uids, self.rooms = uids, rooms
+
+    def room(self, row: int) -> int:
+        return self.rooms[row]
+
+
 def test_each_row_has_its_own_length_within_its_token_limit():
     lengths = DraftLengths()
-    batch = SimpleNamespace(uids=[7, 8, 9], max_tokens=[100, 100, 10], generated=[0, 0, 8])
+    batch = Rows([7, 8, 9], [99, 99, 1])
     assert lengths.of(batch, 3) == [3, 3, 1]  # row 9 has room for one token after the next
     lengths.record(8, drafted=3, accepted=0)
     assert lengths.of(batch, 3) == [3, 1, 1]
-    batch.generated[2] = 9
+    batch.rooms[2] = 0
     assert lengths.of(batch, 3) == [3, 1, 0]  # at its limit: no draft
     # rows that left are forgotten; a new row starts at the longest
-    assert lengths.of(
-        SimpleNamespace(uids=[8, 10], max_tokens=[100, 100], generated=[0, 0]), 3
-    ) == [1, 3]
+    assert lengths.of(Rows([8, 10], [99, 99]), 3) == [1, 3]
