@@ -46,6 +46,7 @@ from mlxserve.engine.speculative import (
 )
 from mlxserve.engine.vision_rows import Encoder, VisionRow, batch_model
 from mlxserve.models.provider import LoadedModel
+from mlxserve.mtp.dflash import DFlashDrafter
 from mlxserve.mtp.hidden import HiddenCapture, splits_exactly
 from mlxserve.protocol.errors import bad_request, internal_error
 
@@ -253,8 +254,8 @@ class BatchSession:
         """What drafts this batch verifies (speculation_plan.py's table)."""
         loaded, limits, head = self._loaded, self._limits, self._loaded.head
         draft_tokens = self._draft_tokens
-        if head is not None and getattr(head, "blocks", False):
-            draft_tokens = head.block - 1  # a DFlash drafter guesses its block less one
+        if isinstance(head, DFlashDrafter):
+            draft_tokens = head.block - 1  # it guesses its block less one
         features = SpeculationFeatures(
             name=self.spec.path.name,
             draft_model=loaded.draft_model is not None,
@@ -276,7 +277,7 @@ class BatchSession:
         plan, draft_model = self._plan, self._loaded.draft_model
         if plan.draft_model and draft_model is not None:
             return speculate_in(self._generator, self._draft_tokens, draft_model)
-        if self._head is not None and getattr(self._head, "blocks", False):
+        if isinstance(self._head, DFlashDrafter):
             return draft_in_blocks(self._generator, self._head, self._head.block - 1)
         if self._head is not None:
             max_draft = self._limits.max_draft if plan.lookup else 0
@@ -654,7 +655,7 @@ class BatchSession:
         assert self._capture is not None
         self._capture(mx.array(hit.rest[:count])[None], cache=hit.cache[: self._layers])
         hidden = cast(mx.array, self._capture.hidden)
-        if getattr(self._head, "blocks", False):
+        if isinstance(self._head, DFlashDrafter):
             self._head.take(hidden, hit.cache[self._layers :])
             return
         following = mx.array(hit.rest[1 : count + 1])[None]

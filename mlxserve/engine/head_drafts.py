@@ -4,8 +4,9 @@ the model's own MTP head, or an EAGLE-3 drafter (`mtp/`; both called "the head" 
 Each step the head drafts for every row, chained: from the model's hidden state at its
 last position and its next token it predicts the token after, then goes on from its own
 output, as many guesses as the longest row's draft length (each row's follows its
-acceptance, up to `draft_tokens`: `speculative.DraftLengths`). The model verifies them in the pass that decodes the step,
-exactly as it verifies prompt-lookup drafts (`speculative.SpeculativeBatch`); a row whose
+acceptance, up to `draft_tokens`: `speculative.DraftLengths`). The model verifies them in
+the pass that decodes the step, exactly as it verifies prompt-lookup drafts
+(`speculative.SpeculativeBatch`); a row whose
 context predicts a draft (prompt lookup, where enabled) verifies that one instead, in the
 same pass. Drafts are greedy, one token proposed with certainty, so the acceptance rule
 keeps the target distribution.

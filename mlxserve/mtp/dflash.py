@@ -38,8 +38,6 @@ class DFlashUnsupported(ValueError):
 class DFlashDrafter:
     """mlx-vlm's DFlashDraftModel, bound to the model, drafting in the batch."""
 
-    blocks = True  # drafts a block per pass (not a chain of single guesses)
-
     def __init__(self, drafter: Any):
         self.drafter = drafter
         config = drafter.config
