@@ -12,7 +12,9 @@ mostly its fixed overhead; accepted tokens per step do not depend on the device.
 
 A second part times what drafting costs on a model of the 50M bench model's size with
 an untrained head (`verify_cost`: a pass over 4 tokens plus 3 head steps, in steps of one
-token), which is what "auto" decides by.
+token), which is what "auto" decides by; and what a rejected draft costs the hybrid bench
+model, whose recurrent layers keep their state at each verified position, against the
+second pass over the kept tokens those states replace.
 
     make bench-mtp                        # 3 rounds
     make bench-mtp ARGS="--rounds 1"
@@ -114,6 +116,67 @@ def drafting_cost() -> None:
     print(f"  a pass over 4 tokens: {plain:.2f} steps; with the head's 3 drafts: {drafted:.2f}")
 
 
+def hybrid_rollback_cost(rows: int = 4, width: int = 4, kept: int = 2, repeats: int = 5) -> None:
+    """What a rejected draft costs the hybrid bench model (qwen3_next, 8 layers of width
+    512): a verify pass over `width` tokens per row, each row keeping `kept`, with the
+    recurrent states taken from the pass's records (`recurrent_steps`), and with the second
+    pass over the kept tokens that the records replace; in single-token steps."""
+    import time
+
+    import mlx.core as mx
+    import models
+    from mlx_lm import load
+    from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+    from mlxserve.engine.recurrent_steps import keep, recorded, records_steps
+
+    model, _ = load(str(models.build(models.MODELS["hybrid-50m"])))
+    records_steps(model)
+
+    def caches() -> list:
+        made = make_prompt_cache(model)
+        mx.eval(model(mx.zeros((rows, 64), dtype=mx.int32), cache=made))
+        return made
+
+    def timed(run) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            cache = caches()
+            start = time.perf_counter()
+            run(cache)
+            mx.eval([c.state for c in cache])
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    def step(cache) -> None:
+        mx.eval(model(mx.zeros((rows, 1), dtype=mx.int32), cache=cache))
+
+    def unrecorded(cache) -> None:
+        mx.eval(model(mx.zeros((rows, width), dtype=mx.int32), cache=cache))
+
+    def kept_from_records(cache) -> None:
+        with recorded(cache) as steps:
+            mx.eval(model(mx.zeros((rows, width), dtype=mx.int32), cache=cache))
+        assert steps is not None and keep(cache, steps, [kept] * rows)
+
+    def replayed(cache) -> None:
+        before = [list(c.cache) for c in cache if isinstance(c, ArraysCache)]
+        mx.eval(model(mx.zeros((rows, width), dtype=mx.int32), cache=cache))
+        for c in cache:
+            if isinstance(c, ArraysCache):
+                c.cache = before.pop(0)
+            else:
+                c.trim(width)
+        mx.eval(model(mx.zeros((rows, kept), dtype=mx.int32), cache=cache))
+
+    one = timed(step)
+    print(
+        f"  {rows} rows, a pass over {width} tokens ({timed(unrecorded) / one:.2f} steps "
+        f"unrecorded), each row keeping {kept}: {timed(kept_from_records) / one:.2f} steps "
+        f"with the recorded states, {timed(replayed) / one:.2f} with a second pass"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -149,6 +212,8 @@ def main() -> None:
     measure(tiny, story, args.rounds, drafters)
     print("\nWhat drafting costs here (glm4_moe, 8 layers of width 512, 49k vocabulary)")
     drafting_cost()
+    print("\nWhat a rejected draft costs a hybrid model (qwen3_next, 8 layers of width 512)")
+    hybrid_rollback_cost()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ versions tested from above; move the bounds deliberately, with that test.
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,26 @@ def mend_window_masks() -> None:
 
     make_mask.mended = True  # type: ignore[attr-defined]
     BatchRotatingKVCache.make_mask = make_mask  # type: ignore[method-assign]
+
+
+def gated_delta_layers() -> tuple[type, ...]:
+    """mlx-lm's gated delta-net layers (Qwen3-Next, Qwen3.5): each convolves its input
+    with one depthwise `conv1d`, whose window it keeps in cache slot 0, and folds it into
+    the state in slot 1 with its module's `gated_delta_update`."""
+    from mlx_lm.models import qwen3_5, qwen3_next
+
+    return (qwen3_next.Qwen3NextGatedDeltaNet, qwen3_5.GatedDeltaNet)
+
+
+def route_gated_delta_updates(wrap: Any) -> None:
+    """Route those layers' `gated_delta_update` (a global of each layer's module, read at
+    each call) through `wrap(original)`, once."""
+    for layer in gated_delta_layers():
+        module: Any = sys.modules[layer.__module__]
+        if not getattr(module.gated_delta_update, "routed", False):
+            routed = wrap(module.gated_delta_update)
+            routed.routed = True
+            module.gated_delta_update = routed
 
 
 def roll_back_window(cache: Any, shared: int, rest: list[int]) -> None:

@@ -146,7 +146,13 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
         mlx_active_bytes=mx.get_active_memory,
         mlx_cache_bytes=mx.get_cache_memory,
         speculation=lambda: [
-            (provider.name(spec), counts.drafted, counts.accepted, counts.verified)
+            (
+                provider.name(spec),
+                counts.drafted,
+                counts.accepted,
+                counts.verified,
+                counts.replayed,
+            )
             for spec, counts in worker.residency.speculation()
         ],
     )

@@ -19,7 +19,7 @@ from conversations import (
     ECHO_JSON,
     ECHO_RECORD_SCHEMA,
 )
-from helpers.speculation import accepted, assert_same, reply, speculated, verified
+from helpers.speculation import accepted, assert_same, replayed, reply, speculated, verified
 from helpers.streams import ENDS, beside_a_stream, concurrently, endless
 from helpers.structured import NO_THINKING, constrained
 from transformers import AutoTokenizer
@@ -243,6 +243,25 @@ def test_a_sliding_window_speculates(launch, sliding_model):
     for got, want in zip(concurrently(lambda b: reply(srv, b), bodies), expected, strict=True):
         assert_same(want, got)
     assert speculated(srv, "drafted") > 2 * accepted(srv) > 0
+
+
+def test_a_hybrid_model_drops_rejected_drafts_without_a_second_pass(launch, qwen_mtp_model):
+    """Qwen3.5's gated delta-net layers fold every token into one state; a verify pass
+    keeps their state at each position, and a row takes the one after its last kept token.
+    Prompt-lookup drafts on the trained Qwen3.5 fixture are often rejected: alone and all
+    at once, every reply is plain decoding's, and no pass ran twice."""
+    plain = launch(
+        qwen_mtp_model, "--mtp", "off", "--speculation", "off", "--prompt-cache-size", "0"
+    )
+    srv = launch(qwen_mtp_model, "--mtp", "off", "--speculation", "on", "--prompt-cache-size", "0")
+    bodies = [c.request for c in CONVERSATIONS]
+    expected = [reply(plain, b) for b in bodies]
+    for body, want in zip(bodies, expected, strict=True):
+        assert_same(want, reply(srv, body))
+    for got, want in zip(concurrently(lambda b: reply(srv, b), bodies), expected, strict=True):
+        assert_same(want, got)
+    assert speculated(srv, "drafted") > accepted(srv) > 0
+    assert replayed(srv) == 0
 
 
 @pytest.mark.parametrize("family", ["sliding_model", "hybrid_model"])

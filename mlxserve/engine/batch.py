@@ -29,6 +29,7 @@ from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
 from mlxserve.engine.quantized_cache import KVQuantization
+from mlxserve.engine.recurrent_steps import records_steps
 from mlxserve.engine.row_entry import RowEntry
 from mlxserve.engine.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.scheduler import Waiting, plan_prefill
@@ -273,8 +274,10 @@ class BatchSession:
         return plan_speculation(features, self._pays)
 
     def _speculate(self) -> SpeculationCounts | None:
-        """Start verifying the planned drafts in the decode step."""
+        """Start verifying the planned drafts in the decode step (a hybrid model's
+        recurrent layers keeping their state at each position they verify)."""
         plan, draft_model = self._plan, self._loaded.draft_model
+        records_steps(self._loaded.model)
         if plan.draft_model and draft_model is not None:
             return speculate_in(self._generator, self._draft_tokens, draft_model)
         if isinstance(self._head, DFlashDrafter):

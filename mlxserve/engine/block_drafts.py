@@ -25,6 +25,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
+from mlxserve.engine.recurrent_steps import PassSteps
 from mlxserve.engine.speculative import (
     DraftLengths,
     SpeculationCounts,
@@ -87,9 +88,9 @@ class BlockDraftBatch(SpeculativeBatch):
 
     # After a verified pass -------------------------------------------------------------------
 
-    def _settle(self, inputs: mx.array, kept: list[list[int]], before: list) -> None:
+    def _settle(self, inputs: mx.array, kept: list[list[int]], steps: PassSteps | None) -> None:
         verified = self.model.hidden  # the pass's (a replay calls the model again)
-        super()._settle(inputs, kept, before)
+        super()._settle(inputs, kept, steps)
         self._unseen = [verified[i : i + 1, : len(tokens)] for i, tokens in enumerate(kept)]
 
     def _settle_drafter(self, inputs: mx.array, kept: list[list[int]], unkept: list[int]) -> None:

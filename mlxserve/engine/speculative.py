@@ -19,8 +19,9 @@ the drafted tokens the row did not keep are then taken back (`rollback`): a pena
 only its context; a grammar's llguidance matcher and a reasoning budget roll back. So a
 constrained row drafts, its drafts are verified under its grammar's mask at each position,
 and a drafted token the grammar does not allow is never kept. A hybrid model's recurrent states
-cannot drop positions: where a row rejected part of its draft, they go back to where the
-pass began and take the kept tokens again (`_replay`).
+cannot drop positions: the pass keeps each gated delta-net layer's state at every position
+(`recurrent_steps`), and a row takes the one after its last kept token; other recurrent
+layers go back to where the pass began and take the kept tokens again (`_replay`).
 
 Verifying k drafts costs about one step where decoding is bound by memory bandwidth (Metal,
 CUDA, MLX's CPU backend with OpenBLAS), and k + 1 steps where it is bound by arithmetic
@@ -52,12 +53,13 @@ from mlxserve.compat import (
     mend_window_masks,
     roll_back_window,
 )
+from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
 from mlxserve.engine.row_entry import RowEntry
 from mlxserve.engine.sampling import LogitsProcessor
 from mlxserve.values import int_rows
 
 # The caches (as a sequence makes them) whose batch caches drop a pass's rejected drafts:
-# cut off, or (recurrent states) taken again from where the pass began.
+# cut off, or (recurrent states) taken from the pass's records or again from where it began.
 ROLLS_BACK = (KVCache, RotatingKVCache, ArraysCache)
 NGRAM_SIZES = (8, 6, 4, 3, 2)  # the context's last n tokens looked up, longest first
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
@@ -69,12 +71,14 @@ mend_window_masks()
 
 @dataclass
 class SpeculationCounts:
-    """Drafted and accepted tokens since the session opened, and the drafts verified
-    (a row's draft in one pass: accepted / verified is what a pass gains; for /metrics)."""
+    """Drafted and accepted tokens since the session opened, the drafts verified (a row's
+    draft in one pass: accepted / verified is what a pass gains) and the passes a hybrid
+    model ran a second time for its recurrent layers (`_replay`); for /metrics."""
 
     drafted: int = 0
     accepted: int = 0
     verified: int = 0
+    replayed: int = 0
 
 
 class DraftLength:
@@ -238,8 +242,8 @@ class SpeculativeBatch(GenerationBatchAdapter):
         row i's first `lengths[i]` count); each row keeps what its sampler agrees with, and
         nothing drafted where `expected[i]` (if given) is not its next token."""
         inputs = mx.concatenate([self.next_tokens[:, None], drafted], axis=1)
-        before = _recurrent_states(self._model_caches)
-        logits = self.model(inputs, cache=self._model_caches)
+        with recorded(self._model_caches) as steps:
+            logits = self.model(inputs, cache=self._model_caches)
         logits = self._processed(inputs, logits, lengths)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         sampled = self._sample(logprobs, [n + 1 for n in lengths])
@@ -266,7 +270,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
             reasons.append(reason)
             after.append((chosen[i][accepted], accepted))
 
-        self._settle(inputs, kept, before)
+        self._settle(inputs, kept, steps)
         return self._respond(kept, reasons, after, logprobs)
 
     def _processed(self, inputs: mx.array, logits: mx.array, lengths: list[int]) -> mx.array:
@@ -333,15 +337,16 @@ class SpeculativeBatch(GenerationBatchAdapter):
                 return tokens[: n + 1], reason
         return tokens, None
 
-    def _settle(self, inputs: mx.array, kept: list[list[int]], before: list) -> None:
+    def _settle(self, inputs: mx.array, kept: list[list[int]], steps: PassSteps | None) -> None:
         """Leave each row's caches holding the tokens it kept of the pass over `inputs`
-        (`before`: the recurrent states the pass started from), the model's and then the
-        drafter's."""
+        (`steps`: what the pass recorded of a model's recurrent layers), the model's and
+        then the drafter's."""
         unkept = [inputs.shape[1] - len(tokens) for tokens in kept]
-        if before:
-            self._replay(inputs, unkept, before)
+        caches = self._model_caches
+        if steps is not None and not keep(caches, steps, [len(tokens) for tokens in kept]):
+            self._replay(inputs, unkept, steps.before)
         else:
-            roll_back(self._model_caches, unkept)
+            roll_back([c for c in caches if not isinstance(c, ArraysCache)], unkept)
         self._settle_drafter(inputs, kept, unkept)
 
     def _settle_drafter(self, inputs: mx.array, kept: list[list[int]], unkept: list[int]) -> None:
@@ -365,6 +370,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
         prompts (the recurrent layers skip the padding)."""
         if not any(unkept):
             return
+        self.counts.replayed += 1
         width = inputs.shape[1]
         caches = self._model_caches
         for cache in caches:
@@ -485,17 +491,11 @@ def roll_back(caches: list[Any], unkept: list[int]) -> None:
             cache.finalize()
 
 
-def _recurrent_states(caches: list[Any]) -> list[list[Any]]:
-    """The states of a model's recurrent layers (mlx arrays do not change: a reference is
-    a snapshot)."""
-    return [list(c.cache) for c in caches if isinstance(c, ArraysCache)]
-
-
 def can_roll_back(caches: list[Any]) -> bool:
     """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed,
     sliding windows too (a pass over several tokens overwrites nothing: see
-    `compat.roll_back_window`); recurrent states are taken again from where the pass began
-    (see `_replay`); a vision row's RoPE delta and a row's adapter hold no positions. (A
+    `compat.roll_back_window`); recurrent states are taken from the pass's records
+    (`recurrent_steps`) or again from where it began (`_replay`); a vision row's RoPE delta and a row's adapter hold no positions. (A
     vision model's recurrent states are mlx-vlm's, whose layers pad a replay their own
     way: they do not draft.)"""
     return all(type(c) in ROLLS_BACK or isinstance(c, RowEntry) for c in caches)

@@ -106,11 +106,11 @@ class Metrics:
         model_bytes: Callable[[], Iterable[tuple[str, int]]],
         mlx_active_bytes: Callable[[], int],
         mlx_cache_bytes: Callable[[], int],
-        speculation: Callable[[], Iterable[tuple[str, int, int, int]]] = list,
+        speculation: Callable[[], Iterable[tuple[str, int, int, int, int]]] = list,
     ) -> None:
         """Gauges (and counters kept by the engine) read from the server's parts at scrape
         time; `speculation` gives (model, drafted tokens, accepted tokens, drafts
-        verified)."""
+        verified, passes replayed)."""
         r = self.registry
         Gauge(
             "mlxserve_mlx_active_memory_bytes", "Memory in MLX arrays now.", registry=r
@@ -133,6 +133,11 @@ class Metrics:
                 ("drafted_tokens", "Tokens drafted (from the context, a drafter or an MTP head)."),
                 ("accepted_tokens", "Drafted tokens the model agreed with (no step of their own)."),
                 ("verified_drafts", "Drafts verified (a sequence's draft in one pass)."),
+                (
+                    "replayed_passes",
+                    "Verify passes run again for recurrent layers that keep no state per"
+                    " position (a rejected draft; gated delta-net layers keep theirs).",
+                ),
             ),
             start=1,
         ):
@@ -171,7 +176,7 @@ class Metrics:
 
 
 def _column(
-    rows: Callable[[], Iterable[tuple[str, int, int, int]]], index: int
+    rows: Callable[[], Iterable[tuple[str, int, int, int, int]]], index: int
 ) -> Callable[[], list[tuple[str, float]]]:
     """(model, value) pairs of one column of `rows`, read when called."""
     return lambda: [(row[0], float(row[index])) for row in rows()]

@@ -35,8 +35,7 @@ def assert_same(plain: tuple, speculated: tuple) -> None:
 
 def speculated(srv, outcome: str) -> float:
     """The server's drafted or accepted tokens, every model's."""
-    suffix = f"_{outcome}_tokens_total"
-    return sum(v for (name, _), v in metrics(srv).items() if name.endswith(suffix))
+    return _total(srv, f"_{outcome}_tokens_total")
 
 
 def accepted(srv) -> float:
@@ -45,6 +44,13 @@ def accepted(srv) -> float:
 
 def verified(srv) -> float:
     """The drafts the server verified (a sequence's draft in one pass), every model's."""
-    return sum(
-        v for (name, _), v in metrics(srv).items() if name.endswith("_verified_drafts_total")
-    )
+    return _total(srv, "_verified_drafts_total")
+
+
+def replayed(srv) -> float:
+    """The verify passes the server ran again for recurrent layers, every model's."""
+    return _total(srv, "_replayed_passes_total")
+
+
+def _total(srv, suffix: str) -> float:
+    return sum(v for (name, _), v in metrics(srv).items() if name.endswith(suffix))

@@ -90,3 +90,13 @@ def test_chat_templates_compile_as_transformers_renders_them():
     compat.compile_chat_template("{% generation %}{{ messages[0].content }}{% endgeneration %}")
     with pytest.raises(Exception, match="endfo"):
         compat.compile_chat_template("{% for m in messages %}{% endfo %}")
+
+
+def test_gated_delta_layers_convolve_and_recur_as_recorded():
+    """`engine/recurrent_steps` records what these layers hand their `conv1d` and each
+    position of their module's `gated_delta_update`, into a cache of two slots."""
+    for layer in compat.gated_delta_layers():
+        source = inspect.getsource(layer.__call__)
+        assert "self.conv1d(conv_input)" in source and "gated_delta_update(" in source
+        assert "cache[0] =" in source and "cache[1] = state" in source
+        assert callable(inspect.getmodule(layer).gated_delta_update)

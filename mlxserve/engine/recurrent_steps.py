@@ -1,0 +1,156 @@
+"""A verify pass that keeps a hybrid model's recurrent state at every position it takes.
+
+A recurrent layer folds each token into one state, so a row that rejects part of its
+draft cannot cut the state back as an attention cache is cut. The pass records, for each
+gated delta-net layer (Qwen3-Next, Qwen3.5), the state after each position and its short
+convolution's whole input; a row then takes the state after its last kept token and the
+convolution window that ends there (`keep`), in place of running its kept tokens a second
+time (`speculative.SpeculativeBatch._replay`, still the way for recurrent layers not
+covered here: Mamba, LFM2, Kimi Linear, ...).
+
+The recurrence runs one position at a time through mlx-lm's own `gated_delta_update`, as a
+decode step runs it (one kernel call a position instead of one for the pass; the layer's
+projections still take the whole pass at once), and the convolution's input is read where
+the layer hands it to its `conv1d` (`RecordingConv1d`). mlx-vlm's speculation records
+(`ArraysCache.start_speculation`) serve its own layers, whose vision rows do not draft.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache
+
+from mlxserve.compat import gated_delta_layers, route_gated_delta_updates
+
+
+@dataclass
+class LayerSteps:
+    """One recurrent layer's pass: its convolution's input (the window before the pass,
+    then the pass's positions) and its state after each position."""
+
+    conv_input: mx.array | None = None
+    states: list[mx.array] = field(default_factory=list)
+
+
+@dataclass
+class PassSteps:
+    """What one verify pass recorded, a `LayerSteps` per recurrent layer in the order the
+    model ran them, and the states the pass started from (for a replay)."""
+
+    before: list[list[Any]]
+    layers: list[LayerSteps] = field(default_factory=list)
+
+
+_recording: ContextVar[PassSteps | None] = ContextVar("recurrent_steps", default=None)
+
+
+class RecordingConv1d(nn.Conv1d):
+    """A gated delta-net layer's `conv1d` (its class swapped in place: same weights, same
+    parameter names) that shows its input to the pass being recorded."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        steps = _recording.get()
+        if steps is not None:
+            steps.layers.append(LayerSteps(conv_input=x))
+        return super().__call__(x)
+
+
+def _stepwise(update: Callable[..., tuple[mx.array, mx.array]]) -> Callable[..., Any]:
+    """mlx-lm's `gated_delta_update`, run a position at a time while a pass is recorded
+    (each state kept), else unchanged."""
+
+    @functools.wraps(update)
+    def stepwise(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **kwargs):
+        steps = _recording.get()
+        if steps is None or not steps.layers or steps.layers[-1].states:
+            return update(q, k, v, a, b, A_log, dt_bias, state, mask, **kwargs)
+        layer = steps.layers[-1]
+        outputs = []
+        for t in range(q.shape[1]):
+            at = slice(t, t + 1)
+            position_mask = None if mask is None else mask[:, at]
+            out, state = update(
+                q[:, at], k[:, at], v[:, at], a[:, at], b[:, at], A_log, dt_bias, state,
+                position_mask, **kwargs,
+            )  # fmt: skip
+            outputs.append(out)
+            layer.states.append(state)
+        return mx.concatenate(outputs, axis=1), state
+
+    return stepwise
+
+
+def records_steps(model: Any) -> bool:
+    """Make `model`'s gated delta-net layers show their convolution's input to a recorded
+    pass; whether it has any (idempotent)."""
+    route_gated_delta_updates(_stepwise)
+    layers: list[Any] = [m for m in model.modules() if isinstance(m, gated_delta_layers())]
+    for layer in layers:
+        if type(layer.conv1d) is nn.Conv1d:
+            layer.conv1d.__class__ = RecordingConv1d
+    return bool(layers)
+
+
+@contextmanager
+def recorded(caches: list[Any]) -> Iterator[PassSteps | None]:
+    """Record the model's pass over `caches` (None: no recurrent layer, nothing to keep)."""
+    recurrent = [c for c in caches if isinstance(c, ArraysCache)]
+    if not recurrent:
+        yield None
+        return
+    steps = PassSteps(before=[list(c.cache) for c in recurrent])
+    token = _recording.set(steps)
+    try:
+        yield steps
+    finally:
+        _recording.reset(token)
+
+
+def keep(caches: list[Any], steps: PassSteps, kept: list[int]) -> bool:
+    """Leave each recurrent cache as if row i had taken only its first `kept[i]` positions
+    of the pass (at least one); False (nothing changed) where the pass was not recorded
+    for every recurrent cache, or a row's caches are being filled to given lengths."""
+    recurrent = [c for c in caches if isinstance(c, ArraysCache)]
+    if not _covers(recurrent, steps):
+        return False
+    width = len(steps.layers[0].states)
+    if all(n == width for n in kept):
+        return True  # every row took the whole pass: the caches hold it already
+    rows = mx.array(kept, dtype=mx.int32)
+    for cache, layer in zip(recurrent, steps.layers, strict=True):
+        assert layer.conv_input is not None  # _covers
+        window = cache[0].shape[1]
+        positions = (rows[:, None] + mx.arange(window))[..., None]
+        cache[0] = mx.take_along_axis(layer.conv_input, positions, axis=1)
+        states = mx.stack(layer.states, axis=1)
+        index = (rows - 1).reshape(-1, *([1] * (states.ndim - 1)))
+        cache[1] = mx.take_along_axis(states, index, axis=1).squeeze(1)
+    return True
+
+
+def _covers(recurrent: list[ArraysCache], steps: PassSteps) -> bool:
+    """Whether every recurrent cache was recorded as `keep` reads it: one convolution
+    and one state a position per layer, in the caches' order and shapes."""
+    if len(steps.layers) != len(recurrent):
+        return False
+    widths = {len(layer.states) for layer in steps.layers}
+    if len(widths) != 1 or 0 in widths:
+        return False
+    width = widths.pop()
+    for cache, layer in zip(recurrent, steps.layers, strict=True):
+        if cache.lengths is not None or len(cache.cache) != 2 or layer.conv_input is None:
+            return False
+        window, state = cache[0], cache[1]
+        if window is None or layer.conv_input.shape[1] != window.shape[1] + width:
+            return False
+        if state is None or layer.states[-1].shape != state.shape:
+            return False
+    return True
