@@ -163,8 +163,8 @@ def roll_back_window(cache: Any, shared: int, rest: list[int]) -> None:
     padding is the 4th item of `state`).
 
     A window written one token at a time since (`rotated`, the last item of `state`: a
-    draft model's chain) has overwritten entries the rollback would need; no drafter's
-    cache here is one (a draft model beside a sliding window is let go at load)."""
+    draft model's chain) has overwritten entries the rollback would need: a draft model's
+    window goes back to its state before the chain instead (`window_state`)."""
     assert not cache.state[-1], "a window written in place cannot give back its drafts"
     if shared:
         cache.trim(shared)
@@ -177,6 +177,19 @@ def roll_back_window(cache: Any, shared: int, rest: list[int]) -> None:
         cache.state = (keys, values, offset, mx.maximum(padding, 0), *more)
         cache.prepare(lengths=[-n for n in rest], right_padding=rest)
         cache.finalize()
+
+
+def window_state(cache: Any) -> tuple:
+    """A BatchRotatingKVCache's `state`, its arrays copied: a single-token step writes its
+    keys and values (`keys[..., i, :] = ...`) and its left padding (`-=`) in place, which
+    every reference to the same array object sees; an indexed copy keeps what they held."""
+    return copied(cache.state)
+
+
+def copied(items: Any) -> tuple:
+    """`items` with each mlx array among them copied (mlx's `a[i] = ...` and `a -= n`
+    change the array object itself, not a new one)."""
+    return tuple(item[...] if isinstance(item, mx.array) else item for item in items)
 
 
 def register_cache_class(cls: type) -> None:

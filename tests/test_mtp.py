@@ -24,7 +24,15 @@ from pathlib import Path
 import pytest
 from conversations import BY_NAME, CONVERSATIONS, ECHO
 from helpers.server import CHAT, Server
-from helpers.speculation import accepted, assert_same, replayed, reply, speculated, verified
+from helpers.speculation import (
+    accepted,
+    assert_same,
+    drafting_counts,
+    replayed,
+    reply,
+    speculated,
+    verified,
+)
 from helpers.streams import ENDS, beside_a_stream, concurrently
 from scipy.stats import chi2_contingency
 
@@ -232,12 +240,6 @@ def test_the_prompt_cache_carries_the_head_cache(launch, family):
     assert counts[0] > 0
     if family.kind.follows_turns:
         assert counts[1] > 0
-
-
-def drafting_counts(srv, body: dict) -> tuple[tuple[float, float], tuple]:
-    before = (speculated(srv, "drafted"), accepted(srv))
-    answer = reply(srv, body)
-    return (speculated(srv, "drafted") - before[0], accepted(srv) - before[1]), answer
 
 
 def test_a_dflash_drafter_guesses_alike_alone_and_batched(launch, tiny_model, dflash_drafter):

@@ -19,8 +19,16 @@ from conversations import (
     ECHO_JSON,
     ECHO_RECORD_SCHEMA,
 )
-from helpers.speculation import accepted, assert_same, replayed, reply, speculated, verified
-from helpers.streams import ENDS, beside_a_stream, concurrently, endless
+from helpers.speculation import (
+    accepted,
+    assert_same,
+    drafting_counts,
+    replayed,
+    reply,
+    speculated,
+    verified,
+)
+from helpers.streams import ENDS, beside_a_stream, concurrently
 from helpers.structured import NO_THINKING, constrained
 from transformers import AutoTokenizer
 
@@ -264,31 +272,39 @@ def test_a_hybrid_model_drops_rejected_drafts_without_a_second_pass(launch, qwen
     assert replayed(srv) == 0
 
 
-@pytest.mark.parametrize("family", ["sliding_model", "hybrid_model"])
-def test_a_draft_model_that_cannot_draft_is_let_go(request, launch, family):
-    """A draft model's chain writes its sliding window a token at a time, over entries a
-    rollback would need, and recurrent layers fold a draft in (mlx-lm's own speculative
-    decoding cannot drop them either: it answered a hybrid model with a 500, and a wrapped
-    window with drafts it never took back). The model is served in the batch without it,
-    saying so: every reply, from the prompt cache and after another prompt's, is the reply
-    without --draft-model."""
-    model = request.getfixturevalue(family)
-    drafting = launch(model, "--draft-model", str(model))
-    plain = launch(model, "--prompt-cache-size", "0")
-    assert drafting.log_lines("does not draft with --draft-model")
-    assert not any("one request at a time" in line for line in drafting.log)
-    bodies = [
-        endless(model, max_tokens=60, messages=[{"role": "user", "content": f"Tale {i}"}])
-        for i in range(3)
-    ]
-    for _ in range(2):  # the second time from the prompt cache
-        for body in bodies:
-            (choice, entries), (expected, expected_entries) = (
-                reply(drafting, body),
-                reply(plain, body),
-            )
-            assert choice["message"] == expected["message"]
-            assert [e[0] for e in entries] == [e[0] for e in expected_entries]
+# A model and its draft model (fixtures), where one of them has recurrent layers (the
+# draft model beside a sliding window: test_vision_batching's Gemma 3).
+DRAFT_PAIRS = {
+    "a hybrid draft model": ("tiny_model", "qwen_mtp_model"),
+    "a hybrid model": ("qwen_mtp_model", "tiny_model"),
+}
+
+
+@pytest.mark.parametrize("pair", list(DRAFT_PAIRS))
+def test_a_draft_model_beside_recurrent_layers(request, launch, pair):
+    """A draft model's chain writes its caches a token at a time, recurrent layers into
+    their state (a wrapped sliding window in place): they go back to where the chain began
+    and take each row's kept tokens again (tests/unit/test_rewind.py checks them against
+    each row alone). The trained Qwen3.5 fixture and tiny-chat draft for each other (their
+    replies mostly agree): every reply is the one without the draft model, alone and all
+    at once; drafts are accepted and rejected, and each conversation drafts and accepts as
+    many tokens batched as alone."""
+    model, draft = (request.getfixturevalue(f) for f in DRAFT_PAIRS[pair])
+    flags = ("--mtp", "off", "--prompt-cache-size", "0")
+    drafting = launch(model, "--draft-model", str(draft), *flags)
+    plain = launch(model, "--speculation", "off", *flags)
+    assert not drafting.log_lines("does not draft with --draft-model")
+    bodies = [c.request for c in CONVERSATIONS]
+    alone = [drafting_counts(drafting, b) for b in bodies]
+    for body, (_, answer) in zip(bodies, alone, strict=True):
+        assert_same(reply(plain, body), answer)
+    before = (speculated(drafting, "drafted"), accepted(drafting))
+    batched = concurrently(lambda b: reply(drafting, b), bodies)
+    for (_, answer), together in zip(alone, batched, strict=True):
+        assert_same(answer, together)
+    total = tuple(sum(counts[i] for counts, _ in alone) for i in (0, 1))
+    assert total[0] > total[1] > 0
+    assert (speculated(drafting, "drafted") - before[0], accepted(drafting) - before[1]) == total
 
 
 def test_a_constrained_row_beside_a_draft_models_rows(launch, tiny_model):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conversations import BY_NAME, VISION_CONVERSATIONS, colour_question, data_uri, square_png
 from helpers.errors import assert_error
+from helpers.speculation import speculated
 from helpers.sse import chat_message, logprob_entries, open_stream, stream
 from helpers.streams import concurrently
 from transformers import AutoTokenizer
@@ -74,8 +75,7 @@ class Family:
     end_token: int  # the id of the token that ends a turn
     # whether its caches can drop rejected drafts (mlx-vlm's recurrent layers cannot yet)
     drafts: bool
-    # whether a draft model drafts for it (not beside a sliding window: the draft model's
-    # chain writes its window a token at a time, over what a rollback would need)
+    # whether a draft model drafts for it (not beside mlx-vlm's recurrent layers)
     draft_model: bool
 
 
@@ -84,7 +84,7 @@ class Family:
 FAMILIES = {
     "qwen2_vl": ("vision_model", "<|im_end|>", True, True),
     "qwen3_5": ("qwen35_vision_model", "<|im_end|>", False, False),
-    "gemma3": ("gemma3_vision_model", "<end_of_turn>", True, False),
+    "gemma3": ("gemma3_vision_model", "<end_of_turn>", True, True),
 }
 
 
@@ -213,24 +213,32 @@ def test_speculation_gives_the_same_tokens(launch, family, library):
 
 def accepted_drafts(srv) -> float:
     """Drafted tokens the model accepted so far (0 where it never drafted)."""
-    _, _, metrics = srv.get("/metrics")
-    prefix = "mlxserve_speculative_accepted_tokens"
-    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
+    return speculated(srv, "accepted")
+
+
+def drafted_tokens(srv) -> float:
+    return speculated(srv, "drafted")
 
 
 def test_a_draft_model_drafts_beside_images(launch, family, library):
     """A small language model drafts for a vision model (here its own language model, as
-    mlx-lm loads the checkpoint): the tokens mlx-vlm's generate_step gives, and drafts
-    accepted. A family whose caches cannot drop a draft model's drafts (a sliding window,
-    recurrent layers) is served without the draft model, batched, the log saying why."""
+    mlx-lm loads the checkpoint, Gemma 3's with its sliding window of 8: its chain wraps
+    the window every step): the tokens mlx-vlm's generate_step gives, alone and all at
+    once; drafts accepted and rejected, as many of each batched as alone (the draft's
+    caches go back to where each chain began and take each row's kept tokens again). A
+    family whose caches cannot drop a draft model's drafts (mlx-vlm's recurrent layers) is
+    served without the draft model, batched, the log saying why."""
     flags = ("--prompt-cache-size", "0", "--draft-model", str(family.model))
     srv = launch(family.model, *flags, "--speculation", "off")  # the draft model's drafts only
-    drafted = concurrently(
-        lambda body: reply(srv, body, streamed=False), requests(family.end_token)
-    )
+    bodies = requests(family.end_token)
+    alone = [reply(srv, body, streamed=False) for body in bodies]
+    assert all(same(a, b) for a, b in zip(alone, library, strict=True)), (alone, library)
+    counts = (drafted_tokens(srv), accepted_drafts(srv))  # the server's first requests
+    drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
     if family.draft_model:
-        assert accepted_drafts(srv) > 0
+        assert counts[0] > counts[1] > 0
+        assert (drafted_tokens(srv) - counts[0], accepted_drafts(srv) - counts[1]) == counts
     else:
         assert accepted_drafts(srv) == 0
         assert srv.log_lines("does not draft with --draft-model")

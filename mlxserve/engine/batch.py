@@ -70,11 +70,10 @@ def can_batch(loaded: LoadedModel) -> bool:
 
 def drops_drafts(loaded: LoadedModel) -> bool:
     """Whether the model's and its draft model's caches can drop the drafts the model
-    rejects: a sliding window once wrapped has overwritten what a rejected draft
-    replaced, and recurrent layers have folded it in (mlx-lm's speculative decoding
-    cannot trim them back either)."""
+    rejects (`speculative.can_roll_back`: full attention, sliding windows and mlx-lm's
+    recurrent layers; not mlx-vlm's recurrent layers, nor Llama 4's chunked attention)."""
     model = batch_model(loaded.model, loaded.spec.vision)
-    return not any(_exact_prefix_only(c) for c in _fresh_caches(model, loaded, None))
+    return can_roll_back(_fresh_caches(model, loaded, None))
 
 
 def _fresh_caches(model: Any, loaded: LoadedModel, head: Any) -> list[Any]:

@@ -26,11 +26,11 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
 from mlxserve.engine.recurrent_steps import PassSteps
+from mlxserve.engine.rewind import roll_back
 from mlxserve.engine.speculative import (
     DraftLengths,
     SpeculationCounts,
     SpeculativeBatch,
-    roll_back,
 )
 
 

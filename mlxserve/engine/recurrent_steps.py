@@ -29,6 +29,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
 from mlxserve.compat import gated_delta_layers, route_gated_delta_updates
+from mlxserve.engine.rewind import snapshot
 
 
 @dataclass
@@ -43,9 +44,9 @@ class LayerSteps:
 @dataclass
 class PassSteps:
     """What one verify pass recorded, a `LayerSteps` per recurrent layer in the order the
-    model ran them, and the states the pass started from (for a replay)."""
+    model ran them, and each cache as the pass found it (`rewind.snapshot`, for a replay)."""
 
-    before: list[list[Any]]
+    snapshots: list[tuple | None]
     layers: list[LayerSteps] = field(default_factory=list)
 
 
@@ -106,7 +107,7 @@ def recorded(caches: list[Any]) -> Iterator[PassSteps | None]:
     if not recurrent:
         yield None
         return
-    steps = PassSteps(before=[list(c.cache) for c in recurrent])
+    steps = PassSteps(snapshots=[snapshot(c) for c in caches])
     token = _recording.set(steps)
     try:
         yield steps

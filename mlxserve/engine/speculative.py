@@ -41,19 +41,14 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import (
     ArraysCache,
-    BatchRotatingKVCache,
     KVCache,
     RotatingKVCache,
     make_prompt_cache,
 )
 
-from mlxserve.compat import (
-    GenerationBatchAdapter,
-    install_generation_batch,
-    mend_window_masks,
-    roll_back_window,
-)
+from mlxserve.compat import GenerationBatchAdapter, install_generation_batch, mend_window_masks
 from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
+from mlxserve.engine.rewind import rewind, roll_back, snapshot
 from mlxserve.engine.row_entry import RowEntry
 from mlxserve.engine.sampling import LogitsProcessor
 from mlxserve.values import int_rows
@@ -344,7 +339,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
         unkept = [inputs.shape[1] - len(tokens) for tokens in kept]
         caches = self._model_caches
         if steps is not None and not keep(caches, steps, [len(tokens) for tokens in kept]):
-            self._replay(inputs, unkept, steps.before)
+            self._replay(inputs, unkept, steps.snapshots)
         else:
             roll_back([c for c in caches if not isinstance(c, ArraysCache)], unkept)
         self._settle_drafter(inputs, kept, unkept)
@@ -363,29 +358,16 @@ class SpeculativeBatch(GenerationBatchAdapter):
         """A draft model's or head's caches, after the model's (none without one)."""
         return self.prompt_cache[self.layers :] if self.layers is not None else []
 
-    def _replay(self, inputs: mx.array, unkept: list[int], before: list) -> None:
-        """Roll back a model with recurrent layers (whose state cannot drop positions):
-        unless every row kept the whole pass, its caches go back to where the pass began
-        and take each row's kept tokens again, right-padded as mlx-lm pads a batch of
-        prompts (the recurrent layers skip the padding)."""
+    def _replay(self, inputs: mx.array, unkept: list[int], snapshots: list) -> None:
+        """Roll back a model whose recurrent layers keep no state per position (see
+        `recurrent_steps`): unless every row kept the whole pass, its caches go back to
+        where the pass began (`snapshots`) and take each row's kept tokens again."""
         if not any(unkept):
             return
         self.counts.replayed += 1
         width = inputs.shape[1]
-        caches = self._model_caches
-        for cache in caches:
-            if isinstance(cache, ArraysCache):
-                cache.cache = before.pop(0)
-            else:
-                cache.trim(width)
-        lengths = [width - n for n in unkept]
-        longest = max(lengths)
-        for cache in caches:
-            cache.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
-        self.model(inputs[:, :longest], cache=caches)
-        for cache in caches:
-            cache.finalize()
-        mx.eval([c.state for c in caches])
+        kept = [row[: width - n] for row, n in zip(int_rows(inputs), unkept, strict=True)]
+        rewind(self.model, self._model_caches, snapshots, width, kept)
 
     def _respond(
         self,
@@ -439,19 +421,30 @@ class DraftModelBatch(SpeculativeBatch):
     less than the model's: the batch takes a prompt's last token into the model alone, and
     each step the draft takes the model's last token with the next one. A verified pass
     adds as many positions to both, and each row drops as many of them (the drafted tokens
-    it did not keep), so one roll-back serves both."""
+    it did not keep), so one roll-back serves both where the draft's caches are trimmed.
+
+    A draft model with sliding-window or recurrent layers (Gemma 3's, Qwen3.5's small
+    models) writes its chain a token at a time: into a wrapped window in place, over the
+    entries a roll-back would need, and into its recurrent state. Those caches are kept as
+    they were before the chain (`rewind.snapshot`), and where a row did not keep the whole
+    pass the draft's caches go back there and take each row's kept tokens again in one
+    pass (`rewind.rewind`; the draft's full-attention caches are trimmed to that point)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.draft_model: Any = None
         self._lengths = DraftLengths()
+        self._snapshots: list[tuple | None] = []  # per draft cache, before the chain
+        self._last: list[int] = []  # each row's last token before the chain
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
         lengths = self._lengths.of(self, self.max_draft)
         draft_caches = self._drafter_caches
-        last = mx.array([tokens[-1] for tokens in self.tokens], dtype=self.next_tokens.dtype)
+        self._snapshots = [snapshot(c) for c in draft_caches]
+        self._last = [tokens[-1] for tokens in self.tokens]
+        last = mx.array(self._last, dtype=self.next_tokens.dtype)
         fed = mx.stack([last, self.next_tokens], axis=1)
         drafted = []
         # At least one: the draft takes the model's last token with the next one each step.
@@ -472,23 +465,18 @@ class DraftModelBatch(SpeculativeBatch):
     def _record(self, row: int, drafted: int, accepted: int) -> None:
         self._lengths.record(self.uids[row], drafted, accepted)
 
-
-def roll_back(caches: list[Any], unkept: list[int]) -> None:
-    """Take the positions a row did not keep out of batch caches: the positions every row
-    dropped are trimmed, the rest become the rows' left padding."""
-    if not caches:
-        return
-    shared = min(unkept)
-    rest = [n - shared for n in unkept]
-    for cache in caches:
-        if isinstance(cache, BatchRotatingKVCache):
-            roll_back_window(cache, shared, rest)
-            continue
-        if shared:
-            cache.trim(shared)
-        if any(rest):
-            cache.prepare(right_padding=rest)
-            cache.finalize()
+    def _settle_drafter(self, inputs: mx.array, kept: list[list[int]], unkept: list[int]) -> None:
+        """The draft's caches took the chain's positions, as many as the pass's: each row
+        drops those it did not keep (see the class's docstring)."""
+        caches = self._drafter_caches
+        if not any(unkept):
+            return
+        if all(state is None for state in self._snapshots):
+            roll_back(caches, unkept)
+            return
+        # the chain took the row's last token, then the pass's: the kept ones, less the last
+        fed = [[last, *tokens[:-1]] for last, tokens in zip(self._last, kept, strict=True)]
+        rewind(self.draft_model, caches, self._snapshots, inputs.shape[1], fed)
 
 
 def can_roll_back(caches: list[Any]) -> bool:

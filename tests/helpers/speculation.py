@@ -42,6 +42,13 @@ def accepted(srv) -> float:
     return speculated(srv, "accepted")
 
 
+def drafting_counts(srv, body: dict) -> tuple[tuple[float, float], tuple]:
+    """The tokens drafted and accepted for one request (sent alone), and its reply."""
+    before = (speculated(srv, "drafted"), accepted(srv))
+    answer = reply(srv, body)
+    return (speculated(srv, "drafted") - before[0], accepted(srv) - before[1]), answer
+
+
 def verified(srv) -> float:
     """The drafts the server verified (a sequence's draft in one pass), every model's."""
     return _total(srv, "_verified_drafts_total")
