@@ -278,6 +278,12 @@ class GenerationBatchAdapter(GenerationBatch):
         """The tokens a row's logits processors see (updated as mlx-lm's step does)."""
         return self._token_context[row]
 
+    def tokens_seen(self, row: int) -> mx.array:
+        """The tokens in a row's token context, which stays as it is (mlx-lm's TokenBuffer
+        holds them in a padded array, the first `_size` of it)."""
+        context = self._token_context[row]
+        return context.state[: context._size]
+
     def _step(self) -> Any:
         """mlx-lm's decode step, which its `next` calls: routed to `decode_step`, a public
         name subclasses override."""

@@ -25,6 +25,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
+from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps
 from mlxserve.engine.rewind import roll_back
 from mlxserve.engine.speculative import (
@@ -72,7 +73,10 @@ class BlockDraftBatch(SpeculativeBatch):
         lengths = self._lengths.of(self, self.max_draft)
         if not any(lengths):
             return GenerationBatch.next(self)
-        drafted = self.drafter.draft(self.next_tokens, self._drafter_caches, max(lengths))
+        guide = DraftGuide(self)
+        choose = guide.choose if guide.guides else None  # else all positions at once
+        drafted = self.drafter.draft(self.next_tokens, self._drafter_caches, max(lengths), choose)
+        guide.done()
         return self._verify(drafted, lengths, [None] * len(lengths))
 
     def decode_step(self):

@@ -32,6 +32,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
+from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps
 from mlxserve.engine.speculative import (
     DraftLengths,
@@ -39,6 +40,7 @@ from mlxserve.engine.speculative import (
     SpeculativeBatch,
     roll_back,
 )
+from mlxserve.mtp.eagle3 import Eagle3Drafter
 
 
 class HeadDraftBatch(SpeculativeBatch):
@@ -99,11 +101,25 @@ class HeadDraftBatch(SpeculativeBatch):
         tokens = self.next_tokens[:, None]
         hidden = self._hidden
         guesses = []
+        guide = DraftGuide(self) if self._guided else None
         for _ in range(count):
             logits, hidden = self.head(tokens, hidden, self._drafter_caches)
-            tokens = self.head.guess(logits[:, -1:, :]).astype(self.next_tokens.dtype)
+            if guide is None:
+                tokens = self.head.guess(logits[:, -1:, :])
+            else:
+                tokens = guide.choose(logits[:, -1, :], self.head.guess)[:, None]
+            tokens = tokens.astype(self.next_tokens.dtype)
             guesses.append(tokens)
+        if guide is not None:
+            guide.done()
         return mx.concatenate(guesses, axis=1)
+
+    @property
+    def _guided(self) -> bool:
+        """Whether the head's logits cover the model's vocabulary, for a constrained row's
+        grammar to mask (see `draft_guide`): an EAGLE-3 drafter's cover its own, unless it
+        maps none of its ids."""
+        return not isinstance(self.head, Eagle3Drafter) or self.head.drafter.d2t is None
 
     def decode_step(self):
         """mlx-lm's step (no row drafts): the head first takes the entry for the model's

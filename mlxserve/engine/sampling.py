@@ -124,6 +124,12 @@ class LogitsProcessor(Protocol):
     def rollback(self, tokens: int) -> None: ...
 
 
+def per_position(processors: list[Callable]) -> bool:
+    """Whether a row's processors (if any) apply to each position alike (they do not read
+    the tokens before it)."""
+    return all(getattr(p, "per_position", False) for p in processors)
+
+
 class LogitBias:
     """`logit_bias` as a logits processor (mlx-lm's operation). It keeps no state, so it
     applies to every position of a pass at once: sequences with only such processors can

@@ -47,10 +47,11 @@ from mlx_lm.models.cache import (
 )
 
 from mlxserve.compat import GenerationBatchAdapter, install_generation_batch, mend_window_masks
+from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
 from mlxserve.engine.rewind import rewind, roll_back, snapshot
 from mlxserve.engine.row_entry import RowEntry
-from mlxserve.engine.sampling import LogitsProcessor
+from mlxserve.engine.sampling import LogitsProcessor, per_position
 from mlxserve.values import int_rows
 
 # The caches (as a sequence makes them) whose batch caches drop a pass's rejected drafts:
@@ -414,7 +415,8 @@ class DraftModelBatch(SpeculativeBatch):
     """The batch of a model served with a draft model: each step the draft model writes
     as many tokens for every row as the longest row's draft length (`DraftLengths`, at
     most `max_draft`; greedily: one token with certainty, so the same acceptance rule
-    holds), and the model verifies each row's own length of them in one pass.
+    holds; a constrained row's under its grammar, see `draft_guide`), and the model
+    verifies each row's own length of them in one pass.
 
     Each row's cache list is the model's caches followed by the draft model's (as in
     mlx-lm's speculative decoding and the prompt cache). The draft's caches hold one token
@@ -447,11 +449,13 @@ class DraftModelBatch(SpeculativeBatch):
         last = mx.array(self._last, dtype=self.next_tokens.dtype)
         fed = mx.stack([last, self.next_tokens], axis=1)
         drafted = []
+        guide = DraftGuide(self)
         # At least one: the draft takes the model's last token with the next one each step.
         for _ in range(max(1, *lengths)):
             logits = self.draft_model(fed, cache=draft_caches)[:, -1, :]
-            fed = mx.argmax(logits, axis=-1).astype(self.next_tokens.dtype)[:, None]
+            fed = guide.choose(logits).astype(self.next_tokens.dtype)[:, None]
             drafted.append(fed)
+        guide.done()
         return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
 
     def extract_cache(self, idx: int) -> list[Any]:
@@ -487,11 +491,6 @@ def can_roll_back(caches: list[Any]) -> bool:
     vision model's recurrent states are mlx-vlm's, whose layers pad a replay their own
     way: they do not draft.)"""
     return all(type(c) in ROLLS_BACK or isinstance(c, RowEntry) for c in caches)
-
-
-def per_position(processors) -> bool:
-    """Whether a row's processors (if any) apply to each position alike."""
-    return all(getattr(p, "per_position", False) for p in processors)
 
 
 def speculate_in(

@@ -17,6 +17,7 @@ batch's per-row offsets and left padding).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +110,26 @@ class DFlashDrafter:
         for (keys, values), c in zip(self.context(hidden, cache[0].offset), cache, strict=True):
             c.update_and_fetch(keys, values)
 
-    def draft(self, next_tokens: mx.array, cache: list[Any], count: int) -> mx.array:
+    def draft(
+        self,
+        next_tokens: mx.array,
+        cache: list[Any],
+        count: int,
+        choose: Callable[[mx.array], mx.array] | None = None,
+    ) -> mx.array:
         """`count` greedy guesses per row (B x count) after each row's next token, read
-        against the context in `cache` (batch caches: rows left-padded)."""
+        against the context in `cache` (batch caches: rows left-padded); `choose` picks
+        each position's guesses from its logits (B x vocabulary) in turn, if given."""
         masks = mx.full((next_tokens.shape[0], count), self._mask, dtype=next_tokens.dtype)
         block = mx.concatenate([next_tokens[:, None], masks], axis=1)
         context = [c.keys_and_values() for c in cache]
         stored = context[0][0].shape[2]
         visible = mx.arange(stored)[None, :] >= cache[0].left_padding[:, None]
         logits = self.block_logits(block, cache[0].offset, context, visible)
-        return mx.argmax(logits, axis=-1).astype(next_tokens.dtype)
+        if choose is None:
+            return mx.argmax(logits, axis=-1).astype(next_tokens.dtype)
+        guesses = [choose(logits[:, j]) for j in range(logits.shape[1])]
+        return mx.stack(guesses, axis=1).astype(next_tokens.dtype)
 
     def block_logits(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 
+import mlx.core as mx
 import mlx_vlm.models.qwen2_vl.language as qwen2_vl_language
 import pytest
 from mlx_lm.generate import BatchGenerator, GenerationBatch
@@ -61,6 +62,20 @@ def test_the_generation_batch_state_speculation_uses(tiny_model):
     adapter = compat.GenerationBatchAdapter.empty(model, make_sampler())
     assert isinstance(adapter, compat.GenerationBatchAdapter)
     assert adapter.generated == [] and adapter.next_tokens.size == 0
+
+
+def test_a_token_context_is_read_without_changing_it():
+    """`tokens_seen` reads mlx-lm's TokenBuffer (a padded array and its `_size`)."""
+    from mlx_lm.models.cache import TokenBuffer
+
+    class Rows(compat.GenerationBatchAdapter):
+        def __init__(self, context: TokenBuffer):
+            self._token_context = [context]
+
+    context = TokenBuffer([3, 4])
+    context.update_and_fetch(mx.array([5]))
+    assert Rows(context).tokens_seen(0).tolist() == [3, 4, 5]
+    assert context.update_and_fetch(mx.array([6])).tolist() == [3, 4, 5, 6]
 
 
 def test_a_rows_state_is_read_between_steps(tiny_model):

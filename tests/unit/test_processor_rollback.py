@@ -1,14 +1,18 @@
 """Logits processors that follow drafted tokens (engine/speculative.py shows them a draft
-one position at a time, then takes back what the pass did not keep): after `rollback`
-each one masks the next token exactly as one that never saw the rejected tokens."""
+one position at a time, then takes back what the pass did not keep; engine/draft_guide.py
+shows them a drafter's guesses, then takes them all back): after `rollback` each one masks
+the next token exactly as one that never saw the rejected tokens."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.structured import lark
 from mlxserve.structured.matcher import Grammar
@@ -101,3 +105,53 @@ def test_a_reasoning_budget_rolls_back_to_the_kept_tokens(drafted):
     # the third token of reasoning spends the budget: the closing tokens are forced
     assert expected == [[t == 8 for t in range(10)], [t == 9 for t in range(10)]]
     assert got == expected
+
+
+@dataclass
+class Rows:
+    """What a DraftGuide reads of a speculative batch: its rows' processors, the tokens
+    they have seen and their next tokens (and the model's vocabulary, its logprobs' width)."""
+
+    logits_processors: list[list]
+    seen: list[list[int]]
+    nexts: list[int]
+    vocab: int
+
+    @property
+    def next_tokens(self) -> mx.array:
+        return mx.array(self.nexts)
+
+    @property
+    def next_logprobs(self) -> list[mx.array]:
+        return [mx.zeros((self.vocab,)) for _ in self.nexts]
+
+    def tokens_seen(self, row: int) -> mx.array:
+        return mx.array(self.seen[row])
+
+
+@pytest.mark.parametrize("padding", [5, 0, -3], ids=["wider", "same", "narrower"])
+def test_a_drafters_guesses_follow_the_grammar_and_are_taken_back(tokenizer, padding):
+    """engine/draft_guide.py: a drafter (its vocabulary padded wider or narrower than the
+    model's) that prefers letters guesses, for a row under a `[0-9]{4}` grammar, the
+    digits it allows, each after the guesses before it, and for a row beside it without
+    one, its letters; once done, the grammar masks each token as one that never saw the
+    guesses."""
+    vocab = len(tokenizer.vocab)
+    grammar = Grammar(tokenizer, lark.grammar(lark.regex("[0-9]{4}")))
+    speculating, plain = grammar.processor(), grammar.processor()
+    prompt = tokenizer.encode("x", add_special_tokens=False)
+    (one,) = encoded(tokenizer, "1")
+    for processor in (speculating, plain):
+        shown(processor, prompt, vocab)  # the row's first token's mask, as a decode
+    guide = DraftGuide(Rows([[speculating], []], [prompt, prompt], [one[0], one[0]], vocab))
+    letter = tokenizer.convert_tokens_to_ids("a")
+    digits = tokenizer.convert_tokens_to_ids(["3", "5"])
+    preferred = mx.zeros((2, vocab + padding)).at[:, letter].add(9.0)
+    guesses = [guide.choose(preferred.at[:, digit].add(5.0)).tolist() for digit in digits]
+    guide.done()
+    assert guesses == [[digit, letter] for digit in digits]
+    then = [*prompt, one[0], *digits]
+    calls = range(len(prompt) + 1, len(then) + 1)  # the next token, then each guess
+    assert [shown_once(speculating, then[:k], vocab) for k in calls] == [
+        shown_once(plain, then[:k], vocab) for k in calls
+    ]
