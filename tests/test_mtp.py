@@ -194,12 +194,19 @@ def test_seeded_sampling_is_the_same_alone_and_batched(family):
     assert concurrently(sampled, [1, 2, 3, 1]) == [*alone, alone[0]]
 
 
-def test_sampled_output_keeps_the_model_distribution(family):
+@pytest.mark.parametrize(
+    "constraint",
+    [{}, {"guided_regex": "[^oa]+", "temperature": 1.0}],
+    ids=["free", "grammar"],
+)
+def test_sampled_output_keeps_the_model_distribution(family, constraint):
     """A head's draft is one token proposed with certainty, kept only where the row's own
-    sampler draws it: the tokens have the model's distribution. 400 seeded replies with
-    drafts and 400 without, at a temperature that spreads the choices, must not be told
-    apart (a chi-squared test at each of the second to fourth tokens, which drafts
-    decide)."""
+    sampler draws it: the tokens have the model's distribution, under a grammar the
+    masked one (drafts guided by the grammar too; a grammar that forbids much of the
+    story's words, at a temperature where drafts are often kept: unmasked drafted
+    positions fail it). 400 seeded replies with drafts and 400 without, at a temperature
+    that spreads the choices, must not be told apart (a chi-squared test at each of the
+    second to fourth tokens, which drafts decide)."""
     off, on = family.off, family.on
 
     def one(srv, seed: int) -> tuple[str, ...]:
@@ -209,6 +216,7 @@ def test_sampled_output_keeps_the_model_distribution(family):
             "seed": seed,
             "max_tokens": 4,
             "logprobs": True,
+            **constraint,
         }
         status, _, answer = srv.post(CHAT, body)
         assert status == 200, answer
