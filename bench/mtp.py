@@ -93,7 +93,7 @@ def drafting_cost() -> None:
     import mtp_fixture
     from mlx_lm.utils import _get_classes
 
-    from mlxserve.engine.speculative import verify_cost
+    from mlxserve.engine.draft_costs import verify_cost
     from mlxserve.mtp.load import FAMILIES, new_head
 
     config = {
@@ -112,7 +112,7 @@ def drafting_cost() -> None:
     head = new_head(model, FAMILIES["glm4_moe"])
     mx.eval(model.parameters(), head.parameters())
     plain = verify_cost(model, 4, repeats=5)
-    drafted = verify_cost(model, 4, head, repeats=5)
+    drafted = verify_cost(model, 4, head.as_model(), repeats=5)
     print(f"  a pass over 4 tokens: {plain:.2f} steps; with the head's 3 drafts: {drafted:.2f}")
 
 

@@ -24,6 +24,7 @@ from mlxserve.adapters.layers import BASE
 from mlxserve.compat import RowState, generation_batch, row_state
 from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, with_slot
 from mlxserve.engine.block_drafts import draft_in_blocks
+from mlxserve.engine.draft_costs import DraftCosts
 from mlxserve.engine.head_drafts import draft_with_head
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
@@ -43,7 +44,6 @@ from mlxserve.engine.speculative import (
     SpeculationCounts,
     can_roll_back,
     speculate_in,
-    verify_cost,
 )
 from mlxserve.engine.vision_rows import Encoder, VisionRow, batch_model
 from mlxserve.models.provider import LoadedModel
@@ -189,6 +189,7 @@ class BatchSession:
         self._draft_tokens = draft_tokens
         self._cache = cache
         self._limits = limits
+        self._costs: dict[tuple[int, bool], DraftCosts] = {}  # see `_draft_costs`
         self._plan = self._plan_speculation()
         # drafting from the model's hidden states
         self._head: Any = loaded.head if self._plan.head else None
@@ -274,27 +275,53 @@ class BatchSession:
 
     def _speculate(self) -> SpeculationCounts | None:
         """Start verifying the planned drafts in the decode step (a hybrid model's
-        recurrent layers keeping their state at each position they verify)."""
-        plan, draft_model = self._plan, self._loaded.draft_model
+        recurrent layers keeping their state at each position they verify). Where the
+        device decides (`auto`), each row's draft is no longer than the measured costs pay
+        for at its acceptance; drafts asked for (`on`, a --draft-model) are as long as
+        their acceptance says."""
+        plan, draft_model, limits = self._plan, self._loaded.draft_model, self._limits
         records_steps(self._loaded.model)
         if plan.draft_model and draft_model is not None:
             return speculate_in(self._generator, self._draft_tokens, draft_model)
         if isinstance(self._head, DFlashDrafter):
             return draft_in_blocks(self._generator, self._head, self._head.block - 1)
         if self._head is not None:
-            max_draft = self._limits.max_draft if plan.lookup else 0
-            return draft_with_head(self._generator, self._head, self._draft_tokens, max_draft)
-        return speculate_in(self._generator, self._limits.max_draft) if plan.lookup else None
+            max_draft = limits.max_draft if plan.lookup else 0
+            costs = DraftCosts()
+            if limits.mtp == "auto" and self._head.reads is None:  # not an EAGLE-3 by name
+                costs = self._draft_costs(self._draft_tokens + 1, self._head.as_model())
+            return draft_with_head(
+                self._generator, self._head, self._draft_tokens, max_draft, costs
+            )
+        if not plan.lookup:
+            return None
+        costs = DraftCosts()
+        if limits.speculation == "auto":
+            costs = self._draft_costs(limits.max_draft + 1)
+        return speculate_in(self._generator, limits.max_draft, costs=costs)
 
     def _pays(self, width: int, with_head: bool) -> bool:
         """Whether verifying `width` tokens (drafted by the head, if `with_head`) costs
         this device at most half the steps it can save."""
-        head = self._loaded.head if with_head else None
-        cost = self._worst(verify_cost(self._model, width, head))
-        log.info(
-            "Drafting and verifying %d tokens costs %.1f steps of one on this device", width, cost
-        )
+        head = self._loaded.head
+        drafter = head.as_model() if with_head and head is not None else None
+        cost = self._draft_costs(width, drafter).of(width)
         return cost <= width / 2
+
+    def _draft_costs(self, widest: int, drafter: Any = None) -> DraftCosts:
+        """What verifying up to `widest` tokens costs this device, with a step of
+        `drafter` (a model of tokens) per guess if given: measured once (the worst rank's
+        where ranks run in lockstep)."""
+        key = (widest, drafter is not None)
+        if key not in self._costs:
+            costs = DraftCosts.measured(self._model, widest, drafter, self._worst)
+            log.info(
+                "Drafting and verifying %d tokens costs %.1f steps of one on this device",
+                widest,
+                costs.of(widest),
+            )
+            self._costs[key] = costs
+        return self._costs[key]
 
     @property
     def spec(self):

@@ -32,6 +32,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
+from mlxserve.engine.draft_costs import DraftCosts
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps
 from mlxserve.engine.speculative import (
@@ -166,16 +167,22 @@ class HeadDraftBatch(SpeculativeBatch):
 
 
 def draft_with_head(
-    generator: BatchGenerator, head: Any, head_drafts: int, max_draft: int
+    generator: BatchGenerator,
+    head: Any,
+    head_drafts: int,
+    max_draft: int,
+    costs: DraftCosts | None = None,
 ) -> SpeculationCounts:
     """Give `generator` (whose model is wrapped in mtp.hidden.HiddenCapture) a batch that
     drafts `head_drafts` tokens per sequence and step with `head`, or up to
-    `max_draft` from the context where it predicts them (0: never); returns its counts."""
+    `max_draft` from the context where it predicts them (0: never), as long as `costs`
+    pay for; returns its counts."""
     batch = HeadDraftBatch.empty(generator.model, generator.sampler)
     batch.head = head
     batch.draft_tokens = head_drafts
     batch.max_draft = max_draft
     batch.lookup = max_draft > 0
+    batch.costs = costs or DraftCosts()
     batch.layers = len(make_prompt_cache(generator.model))
     install_generation_batch(generator, batch)
     return batch.counts

@@ -25,14 +25,14 @@ layers go back to where the pass began and take the kept tokens again (`_replay`
 
 Verifying k drafts costs about one step where decoding is bound by memory bandwidth (Metal,
 CUDA, MLX's CPU backend with OpenBLAS), and k + 1 steps where it is bound by arithmetic
-(MLX's CPU backend with its bundled BLAS); `verify_cost` measures which, so that "auto"
-speculates only where it pays. A model served with a draft model drafts with it instead
+(MLX's CPU backend with its bundled BLAS); `draft_costs` measures which, so that "auto"
+speculates only where it pays, and each row drafts no more than its acceptance pays for
+at those costs. A model served with a draft model drafts with it instead
 (`DraftModelBatch`), through the same verification.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -47,6 +47,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlxserve.compat import GenerationBatchAdapter, install_generation_batch, mend_window_masks
+from mlxserve.engine.draft_costs import Acceptance, DraftCosts
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
 from mlxserve.engine.rewind import rewind, roll_back, snapshot
@@ -82,13 +83,16 @@ class DraftLength:
     head, a DFlash block): doubled (up to `longest`) while its drafts are accepted whole,
     cut to what was accepted and one more otherwise. A verify pass costs more the wider
     its widest row, and a chained drafter a step per guess: rows whose guesses miss stop
-    paying for the guesses they would not keep."""
+    paying for the guesses they would not keep. Its acceptance is kept too, for the
+    length the device's costs pay for (`draft_costs`)."""
 
     def __init__(self, longest: int):
         self.longest = longest
         self.length = longest
+        self.acceptance = Acceptance()
 
     def record(self, drafted: int, accepted: int) -> None:
+        self.acceptance.record(drafted, accepted)
         if accepted == drafted:
             self.length = min(2 * self.length, self.longest)
         else:
@@ -102,12 +106,14 @@ class DraftLengths:
         self._rows: dict[int, DraftLength] = {}
 
     def of(self, batch: SpeculativeBatch, longest: int) -> list[int]:
-        """Each row's draft length this step (at most `longest`), within its token limit
-        (0 at the limit); the rows that left the batch are forgotten."""
+        """Each row's draft length this step (at most `longest`, and what the batch's
+        costs pay for at its acceptance), within its token limit (0 at the limit); the
+        rows that left the batch are forgotten."""
         rows, lengths = {}, []
         for i, uid in enumerate(batch.uids):
-            rows[uid] = self._rows.get(uid) or DraftLength(longest)
-            lengths.append(max(0, min(rows[uid].length, batch.room(i))))
+            row = rows[uid] = self._rows.get(uid) or DraftLength(longest)
+            paid = batch.costs.best_length(row.acceptance.rate, longest)
+            lengths.append(max(0, min(row.length, paid, batch.room(i))))
         self._rows = rows
         return lengths
 
@@ -117,10 +123,13 @@ class DraftLengths:
 
 class NgramDrafter:
     """One sequence's drafts: an index of where each n-gram of its context last ended,
-    and a draft length that follows how much of its drafts was accepted."""
+    and a draft length that follows how much of its drafts was accepted, within what the
+    device's `costs` pay for at its acceptance."""
 
-    def __init__(self, max_draft: int):
+    def __init__(self, max_draft: int, costs: DraftCosts | None = None):
         self._max = max_draft
+        self._costs = costs or DraftCosts()
+        self._acceptance = Acceptance()
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # positions of the context whose n-grams are in the index
         self.length = min(FIRST_DRAFT, max_draft)
@@ -139,8 +148,9 @@ class NgramDrafter:
         for n in NGRAM_SIZES:
             end = self._index.get(tuple(context[-n:])) if len(context) > n else None
             if end is not None:
+                paid = self._costs.best_length(self._acceptance.rate, self._max)
                 predicted: list[int] = []
-                for position in range(end, end + 1 + min(self.length, limit)):
+                for position in range(end, end + 1 + min(self.length, limit, paid)):
                     known = position < len(context)
                     predicted.append(
                         context[position] if known else predicted[position - len(context)]
@@ -151,6 +161,7 @@ class NgramDrafter:
     def record(self, drafted: int, accepted: int) -> None:
         """Lengthen the drafts while they are accepted whole, shorten them to what was
         accepted, and pause drafting (longer each time) while they are rejected outright."""
+        self._acceptance.record(drafted, accepted)
         if accepted == drafted:
             self.length = min(2 * self.length, self._max)
             self._misses = 0
@@ -183,6 +194,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.max_draft = 0  # the most tokens drafted per sequence and step (set when installed)
+        self.costs = DraftCosts()  # what a verify pass costs this device (set when installed)
         self.counts = SpeculationCounts()
         self.layers: int | None = None  # the model's caches: the first `layers` (None: all)
         self._drafters: dict[int, NgramDrafter] = {}
@@ -211,7 +223,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
         self._drafters = {}
         predictions: list[list[int]] = []
         for i, uid in enumerate(self.uids):
-            drafter = drafters.get(uid) or NgramDrafter(self.max_draft)
+            drafter = drafters.get(uid) or NgramDrafter(self.max_draft, self.costs)
             self._drafters[uid] = drafter
             room = self.room(i)
             if room <= 0:
@@ -494,11 +506,14 @@ def can_roll_back(caches: list[Any]) -> bool:
 
 
 def speculate_in(
-    generator: BatchGenerator, max_draft: int, draft_model: Any = None
+    generator: BatchGenerator,
+    max_draft: int,
+    draft_model: Any = None,
+    costs: DraftCosts | None = None,
 ) -> SpeculationCounts:
     """Give `generator` a speculative generation batch drafting up to `max_draft` tokens
-    per sequence and step (from the context, or with `draft_model`); returns its running
-    counts."""
+    per sequence and step (from the context, or with `draft_model`; as long as `costs`
+    pay for); returns its running counts."""
     if draft_model is None:
         batch = SpeculativeBatch.empty(generator.model, generator.sampler)
     else:
@@ -506,35 +521,6 @@ def speculate_in(
         batch.draft_model = draft_model
         batch.layers = len(make_prompt_cache(generator.model))
     batch.max_draft = max_draft
+    batch.costs = costs or DraftCosts()
     install_generation_batch(generator, batch)
     return batch.counts
-
-
-def verify_cost(model: Any, width: int, head: Any = None, repeats: int = 2) -> float:
-    """How many single-token steps one forward pass over `width` tokens costs on this
-    device (1: free where memory bandwidth bounds decoding; `width`: no gain possible),
-    with the `width - 1` steps of an MTP `head` that drafts them, if given."""
-
-    def timed(tokens: int) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            cache = make_prompt_cache(model)
-            mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache=cache))
-            start = time.perf_counter()
-            mx.eval(model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache))
-            best = min(best, time.perf_counter() - start)
-        return best
-
-    def drafting() -> float:
-        if head is None:
-            return 0.0
-        step = head.as_model()
-        cache = make_prompt_cache(step)
-        mx.eval(step(mx.zeros((1, 1), dtype=mx.int32), cache))
-        start = time.perf_counter()
-        for _ in range(width - 1):
-            mx.eval(step(mx.zeros((1, 1), dtype=mx.int32), cache))
-        return time.perf_counter() - start
-
-    timed(1)  # warm up
-    return (timed(width) + drafting()) / timed(1)

@@ -3,6 +3,7 @@ block): it follows each row's acceptance, within the row's token limit."""
 
 from __future__ import annotations
 
+from mlxserve.engine.draft_costs import DraftCosts
 from mlxserve.engine.speculative import DraftLength, DraftLengths
 
 
@@ -19,7 +20,10 @@ def test_the_length_shrinks_to_what_was_kept_and_grows_back_while_drafts_are_kep
 
 
 class Rows:
-    """A batch as DraftLengths reads it: its rows' uids and room to draft."""
+    """A batch as DraftLengths reads it: its rows' uids and room to draft (its passes
+    unmeasured: every width costs a step)."""
+
+    costs = DraftCosts()
 
     def __init__(self, uids: list[int], rooms: list[int]):
         self.uids, self.rooms = uids, rooms
