@@ -155,7 +155,7 @@ def hybrid_rollback_cost(rows: int = 4, width: int = 4, kept: int = 2, repeats: 
         mx.eval(model(mx.zeros((rows, width), dtype=mx.int32), cache=cache))
 
     def kept_from_records(cache) -> None:
-        with recorded(cache) as steps:
+        with recorded(cache, width) as steps:
             mx.eval(model(mx.zeros((rows, width), dtype=mx.int32), cache=cache))
         assert steps is not None and keep(cache, steps, [kept] * rows)
 

@@ -51,6 +51,9 @@ class PassSteps:
 
 
 _recording: ContextVar[PassSteps | None] = ContextVar("recurrent_steps", default=None)
+# The most a pass's recorded states may hold (Qwen3-Next-80B's, 36 layers of 32 heads of
+# 128 x 128 in float32, are 75 MB a row and position: a pass of 5 tokens over 8 rows, 3 GB)
+RECORDED_MAX_BYTES = 1 << 30
 
 
 class RecordingConv1d(nn.Conv1d):
@@ -101,14 +104,18 @@ def records_steps(model: Any) -> bool:
 
 
 @contextmanager
-def recorded(caches: list[Any]) -> Iterator[PassSteps | None]:
-    """Record the model's pass over `caches` (None: no recurrent layer, nothing to keep)."""
+def recorded(caches: list[Any], width: int) -> Iterator[PassSteps | None]:
+    """Record the model's pass over `width` tokens of `caches` (None: no recurrent layer,
+    nothing to keep). The states of every position are held until the step settles:
+    where they would pass RECORDED_MAX_BYTES the pass is not recorded, and rows that reject
+    part of their draft take their kept tokens again (`keep` declines)."""
     recurrent = [c for c in caches if isinstance(c, ArraysCache)]
     if not recurrent:
         yield None
         return
     steps = PassSteps(snapshots=[snapshot(c) for c in caches])
-    token = _recording.set(steps)
+    held = width * sum(c[1].nbytes for c in recurrent if c[1] is not None)
+    token = _recording.set(steps if held <= RECORDED_MAX_BYTES else None)
     try:
         yield steps
     finally:
@@ -131,9 +138,9 @@ def keep(caches: list[Any], steps: PassSteps, kept: list[int]) -> bool:
         window = cache[0].shape[1]
         positions = (rows[:, None] + mx.arange(window))[..., None]
         cache[0] = mx.take_along_axis(layer.conv_input, positions, axis=1)
-        states = mx.stack(layer.states, axis=1)
-        index = (rows - 1).reshape(-1, *([1] * (states.ndim - 1)))
-        cache[1] = mx.take_along_axis(states, index, axis=1).squeeze(1)
+        # each row's own state, not a stack of all of them (see RECORDED_MAX_BYTES)
+        states = [layer.states[n - 1][i : i + 1] for i, n in enumerate(kept)]
+        cache[1] = mx.concatenate(states)
     return True
 
 

@@ -250,7 +250,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
         row i's first `lengths[i]` count); each row keeps what its sampler agrees with, and
         nothing drafted where `expected[i]` (if given) is not its next token."""
         inputs = mx.concatenate([self.next_tokens[:, None], drafted], axis=1)
-        with recorded(self._model_caches) as steps:
+        with recorded(self._model_caches, inputs.shape[1]) as steps:
             logits = self.model(inputs, cache=self._model_caches)
         logits = self._processed(inputs, logits, lengths)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

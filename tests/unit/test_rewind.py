@@ -25,6 +25,7 @@ from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from mlx_lm.utils import _get_classes
 from mtp_fixture import TINY_QWEN35_MTP
 
+from mlxserve.engine import recurrent_steps
 from mlxserve.engine.recurrent_steps import keep, recorded, records_steps
 from mlxserve.engine.rewind import rewind, roll_back, snapshot
 
@@ -79,7 +80,7 @@ def drift(model, seed: int, step: Step) -> float:
 def verify_pass(model, caches, tokens, rng, record: bool = True) -> list[int]:
     """One pass over every row's tokens, then each row keeps 1 to all of them."""
     width = len(tokens[0])
-    with recorded(caches) as steps:
+    with recorded(caches, width) as steps:
         model(mx.array(tokens), cache=caches)
     assert steps is not None
     kept = [rng.randint(1, width) for _ in tokens]
@@ -115,6 +116,19 @@ def test_a_pass_whose_convolution_was_not_shown_is_left_for_a_replay():
     (the batch then runs the kept tokens again), and the states it would have needed are
     what the pass left, far from each row's own."""
     model = model_of("qwen3_next")
+
+    def unrecorded(model, caches, tokens, rng) -> list[int]:
+        return verify_pass(model, caches, tokens, rng, record=False)
+
+    assert drift(model, 0, unrecorded) > 0.1
+
+
+def test_a_pass_whose_states_would_hold_too_much_is_left_for_a_replay(monkeypatch):
+    """Past RECORDED_MAX_BYTES (the states of every position of every row) the pass is
+    not recorded: `keep` declines, and the batch runs the kept tokens again."""
+    model = model_of("qwen3_next")
+    assert records_steps(model)
+    monkeypatch.setattr(recurrent_steps, "RECORDED_MAX_BYTES", 0)
 
     def unrecorded(model, caches, tokens, rng) -> list[int]:
         return verify_pass(model, caches, tokens, rng, record=False)
