@@ -31,11 +31,12 @@ def greedy(logits: mx.array) -> mx.array:
 
 class DraftGuide:
     """The guesses of one drafting step for a batch (`batch`: a speculative batch; its rows'
-    processors, token contexts and next tokens)."""
+    processors, token contexts and next tokens); none guided unless `guided` (a drafter
+    whose logits cover the model's vocabulary)."""
 
-    def __init__(self, batch: Any):
+    def __init__(self, batch: Any, guided: bool = True):
         self._processors: list[list[Callable]] = batch.logits_processors
-        self._rows = [e for e, p in enumerate(self._processors) if p]
+        self._rows = [e for e, p in enumerate(self._processors) if p and guided]
         self._vocab = batch.next_logprobs[0].shape[-1] if self._rows else 0
         self._seen: dict[int, mx.array] = {}
         if self._rows:

@@ -35,12 +35,8 @@ from mlxserve.compat import install_generation_batch
 from mlxserve.engine.draft_costs import DraftCosts
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps
-from mlxserve.engine.speculative import (
-    DraftLengths,
-    SpeculationCounts,
-    SpeculativeBatch,
-    roll_back,
-)
+from mlxserve.engine.rewind import roll_back
+from mlxserve.engine.speculative import DraftLengths, SpeculationCounts, SpeculativeBatch
 from mlxserve.mtp.eagle3 import Eagle3Drafter
 
 
@@ -102,17 +98,13 @@ class HeadDraftBatch(SpeculativeBatch):
         tokens = self.next_tokens[:, None]
         hidden = self._hidden
         guesses = []
-        guide = DraftGuide(self) if self._guided else None
+        guide = DraftGuide(self, guided=self._guided)
         for _ in range(count):
             logits, hidden = self.head(tokens, hidden, self._drafter_caches)
-            if guide is None:
-                tokens = self.head.guess(logits[:, -1:, :])
-            else:
-                tokens = guide.choose(logits[:, -1, :], self.head.guess)[:, None]
-            tokens = tokens.astype(self.next_tokens.dtype)
+            tokens = guide.choose(logits[:, -1, :], self.head.guess)
+            tokens = tokens.astype(self.next_tokens.dtype)[:, None]
             guesses.append(tokens)
-        if guide is not None:
-            guide.done()
+        guide.done()
         return mx.concatenate(guesses, axis=1)
 
     @property

@@ -37,7 +37,7 @@ class LayerSteps:
     """One recurrent layer's pass: its convolution's input (the window before the pass,
     then the pass's positions) and its state after each position."""
 
-    conv_input: mx.array | None = None
+    conv_input: mx.array
     states: list[mx.array] = field(default_factory=list)
 
 
@@ -134,7 +134,6 @@ def keep(caches: list[Any], steps: PassSteps, kept: list[int]) -> bool:
         return True  # every row took the whole pass: the caches hold it already
     rows = mx.array(kept, dtype=mx.int32)
     for cache, layer in zip(recurrent, steps.layers, strict=True):
-        assert layer.conv_input is not None  # _covers
         window = cache[0].shape[1]
         positions = (rows[:, None] + mx.arange(window))[..., None]
         cache[0] = mx.take_along_axis(layer.conv_input, positions, axis=1)
@@ -154,7 +153,7 @@ def _covers(recurrent: list[ArraysCache], steps: PassSteps) -> bool:
         return False
     width = widths.pop()
     for cache, layer in zip(recurrent, steps.layers, strict=True):
-        if cache.lengths is not None or len(cache.cache) != 2 or layer.conv_input is None:
+        if cache.lengths is not None or len(cache.cache) != 2:
             return False
         window, state = cache[0], cache[1]
         if window is None or layer.conv_input.shape[1] != window.shape[1] + width:

@@ -484,9 +484,9 @@ class DraftModelBatch(SpeculativeBatch):
     def _settle_drafter(self, inputs: mx.array, kept: list[list[int]], unkept: list[int]) -> None:
         """The draft's caches took the chain's positions, as many as the pass's: each row
         drops those it did not keep (see the class's docstring)."""
-        caches = self._drafter_caches
         if not any(unkept):
             return
+        caches = self._drafter_caches
         if all(state is None for state in self._snapshots):
             roll_back(caches, unkept)
             return
@@ -499,9 +499,9 @@ def can_roll_back(caches: list[Any]) -> bool:
     """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed,
     sliding windows too (a pass over several tokens overwrites nothing: see
     `compat.roll_back_window`); recurrent states are taken from the pass's records
-    (`recurrent_steps`) or again from where it began (`_replay`); a vision row's RoPE delta and a row's adapter hold no positions. (A
-    vision model's recurrent states are mlx-vlm's, whose layers pad a replay their own
-    way: they do not draft.)"""
+    (`recurrent_steps`) or again from where it began (`_replay`); a vision row's RoPE
+    delta and a row's adapter hold no positions. (A vision model's recurrent states are
+    mlx-vlm's, whose layers pad a replay their own way: they do not draft.)"""
     return all(type(c) in ROLLS_BACK or isinstance(c, RowEntry) for c in caches)
 
 
