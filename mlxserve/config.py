@@ -308,7 +308,7 @@ class ServerConfig:
         "auto",
         choices=("auto", "on", "off"),
         group=SPECULATION,
-        help="`auto`, `on` or `off`: draft tokens from the context (prompt lookup) and verify them in the batch's decode step; `auto` turns it on where this device verifies a draft for less than the steps it saves, measured when the model loads",
+        help="`auto`, `on` or `off`: draft tokens from the context (prompt lookup) and verify them in the batch's decode step; `auto` turns it on where this device verifies a draft for less than the steps it saves, measured when the model loads. With a --draft-model, `auto` lets each sequence draft only what this device's measured costs pay for at its acceptance (nothing but a try now and then where its guesses miss); `on` and `off` draft for every sequence each step",
     )
     max_draft: int = setting(
         8,

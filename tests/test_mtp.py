@@ -266,6 +266,30 @@ def test_the_prompt_cache_carries_the_head_cache(launch, family):
         assert counts[1] > 0
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_under_auto_a_named_drafter_drafts_what_this_device_pays_for(request, launch, kind):
+    """Under the default --speculation auto an EAGLE-3 or DFlash drafter's lengths follow
+    this device's measured costs (the log says what a pass costs), a row drafting only
+    tries where no length pays; the plain steps between still give the drafter each
+    position (the head its entry, the DFlash drafter its context). Whatever the costs
+    decide, every reply, alone and batched, is plain decoding's. (On this CPU the tiny
+    fixtures' passes cost about a step at any width, and both drafters draft: the rests
+    are checked with a draft model, tests/test_speculation.py, and in
+    tests/unit/test_draft_costs.py.)"""
+    drafted_kind = KINDS[kind]
+    model = request.getfixturevalue(drafted_kind.model)
+    drafter = request.getfixturevalue(str(drafted_kind.drafter))
+    srv = launch(model, "--draft-model", str(drafter), *PLAIN[2:])
+    off = launch(model, *PLAIN)
+    assert srv.log_lines("Drafting and verifying")
+    plain = [reply(off, c.request) for c in CONVERSATIONS]
+    for p, c in zip(plain, CONVERSATIONS, strict=True):
+        assert_same(p, reply(srv, c.request))
+    batched = concurrently(lambda c: reply(srv, c.request), CONVERSATIONS)
+    for p, b in zip(plain, batched, strict=True):
+        assert_same(p, b)
+
+
 def test_a_dflash_drafter_guesses_alike_alone_and_batched(launch, tiny_model, dflash_drafter):
     """A row's guesses read its own context only (not the left padding a batch puts
     before a shorter row's), and its draft length follows its own acceptance: each

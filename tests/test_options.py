@@ -9,6 +9,7 @@ import sys
 import mlx.core as mx
 from conversations import BY_NAME
 from helpers.chat import chat
+from helpers.speculation import DRAFT_ALWAYS
 from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.tuner.utils import linear_to_lora_layers
@@ -69,7 +70,8 @@ def test_chat_template_args_and_request_kwargs(server, launch, tiny_model):
 
 
 def test_draft_model(launch, tiny_model):
-    srv = launch(tiny_model, "--draft-model", str(tiny_model), "--num-draft-tokens", "2")
+    flags = ("--num-draft-tokens", "2", *DRAFT_ALWAYS)
+    srv = launch(tiny_model, "--draft-model", str(tiny_model), *flags)
     for name in ("capital", "story", "unicode"):
         conv = BY_NAME[name]
         body = chat(srv, conv.messages, max_tokens=400)

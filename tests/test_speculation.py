@@ -22,6 +22,7 @@ from conversations import (
     ECHO_RECORD_SCHEMA,
 )
 from helpers.speculation import (
+    DRAFT_ALWAYS,
     accepted,
     assert_same,
     drafting_counts,
@@ -293,7 +294,7 @@ def test_a_draft_model_beside_recurrent_layers(request, launch, pair):
     many tokens batched as alone."""
     model, draft = (request.getfixturevalue(f) for f in DRAFT_PAIRS[pair])
     flags = ("--mtp", "off", "--prompt-cache-size", "0")
-    drafting = launch(model, "--draft-model", str(draft), *flags)
+    drafting = launch(model, "--draft-model", str(draft), *DRAFT_ALWAYS, *flags)
     plain = launch(model, "--speculation", "off", *flags)
     assert not drafting.log_lines("does not draft with --draft-model")
     bodies = [c.request for c in CONVERSATIONS]
@@ -313,7 +314,7 @@ def test_a_constrained_row_beside_a_draft_models_rows(launch, tiny_model):
     """A server with --draft-model serves structured output: the constrained row drafts
     too, its drafts verified under its grammar beside rows without one; its reply is the
     one without the draft model."""
-    drafting = launch(tiny_model, "--draft-model", str(tiny_model))
+    drafting = launch(tiny_model, "--draft-model", str(tiny_model), *DRAFT_ALWAYS)
     plain = launch(tiny_model, "--prompt-cache-size", "0")
     schema_body = constrained("capital", "nested", **NO_THINKING)
     free = CONVERSATIONS[0].request
@@ -332,7 +333,7 @@ def test_a_draft_models_guesses_follow_the_rows_grammar(launch, tiny_model):
     model's own choices, and nearly all are accepted (unmasked, every one was refused);
     the reply is the one without the draft model."""
     flags = ("--prompt-cache-size", "0")
-    drafting = launch(tiny_model, "--draft-model", str(tiny_model), *flags)
+    drafting = launch(tiny_model, "--draft-model", str(tiny_model), *DRAFT_ALWAYS, *flags)
     plain = launch(tiny_model, "--speculation", "off", *flags)
     body = {**BY_NAME["capital"].request, "guided_regex": "[0-9]{30}", "max_tokens": 40}
     (drafted, taken), answer = drafting_counts(drafting, body)
@@ -345,7 +346,8 @@ def test_a_draft_models_drafts_shorten_where_they_miss(launch, tiny_model, echo_
     """tiny-echo never learned the story: drafting for tiny-chat its guesses miss, and each
     row's draft shrinks to one token a pass (from --num-draft-tokens 3); the reply is
     tiny-chat's own."""
-    srv = launch(tiny_model, "--draft-model", str(echo_model), "--num-draft-tokens", "3")
+    flags = ("--num-draft-tokens", "3", *DRAFT_ALWAYS)
+    srv = launch(tiny_model, "--draft-model", str(echo_model), *flags)
     story = BY_NAME["story"]
     before = speculated(srv, "drafted"), verified(srv)
     assert reply(srv, story.request)[0]["message"]["content"] == story.reply
@@ -354,13 +356,57 @@ def test_a_draft_models_drafts_shorten_where_they_miss(launch, tiny_model, echo_
     assert drafted < 1.3 * passes  # three a pass were it not shortened
 
 
+def test_by_default_a_draft_model_whose_guesses_miss_only_tries(launch, tiny_model, echo_model):
+    """Under --speculation auto (the default) a named drafter drafts what this device's
+    measured costs pay for (engine/draft_costs.py). Here a pass over two tokens and a step
+    of the draft model cost more than a step; tiny-echo's guesses for tiny-chat's story
+    miss, so the row drafts only a token now and then (after rests of 2 to 32 steps, or
+    at once after a try that was kept), and the reply is tiny-chat's own."""
+    srv = launch(tiny_model, "--draft-model", str(echo_model), "--num-draft-tokens", "3")
+    assert srv.log_lines("Drafting and verifying 4 tokens costs")
+    story = BY_NAME["story"]
+    before = speculated(srv, "drafted"), verified(srv)
+    status, _, answer = srv.post(CHAT, story.request)
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"] == story.reply
+    drafted, passes = speculated(srv, "drafted") - before[0], verified(srv) - before[1]
+    assert drafted == passes  # a token a try
+    assert 0 < drafted <= answer["usage"]["completion_tokens"] / 8
+
+
+def test_a_resting_draft_model_catches_up_with_the_tokens_it_missed(launch, tiny_model):
+    """Between tries the draft model takes no tokens; a try first feeds it those it missed
+    in one pass, and a cached turn's caches get them too. tiny-chat drafting for itself
+    (under `auto`: on this CPU a try pays for less than it costs, so the row rests between
+    tries) has every try accepted, in a reply, in the next turn from the prompt cache and
+    batched: its caches hold what the model's hold."""
+    srv = launch(tiny_model, "--draft-model", str(tiny_model))
+    story = BY_NAME["story"]
+    status, _, first = srv.post(CHAT, story.request)
+    assert status == 200, first
+    assert first["choices"][0]["message"]["content"] == story.reply
+    turn = [*story.messages, first["choices"][0]["message"], {"role": "user", "content": "Again."}]
+    status, _, second = srv.post(CHAT, {"messages": turn, "max_tokens": 80})
+    assert status == 200, second
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 150
+    tokens = first["usage"]["completion_tokens"] + second["usage"]["completion_tokens"]
+    assert accepted(srv) == speculated(srv, "drafted") > 0
+    assert speculated(srv, "drafted") < tokens / 2  # rests between tries
+    # rows joining a batch whose draft is behind: it catches up before they join
+    bodies = [c.request for c in CONVERSATIONS]
+    fn = lambda b: reply(srv, b)[0]["message"]  # noqa: E731
+    batched = beside_a_stream(srv, tiny_model, ENDS["tiny_model"], fn, bodies)
+    assert batched == [c.message for c in CONVERSATIONS]
+    assert accepted(srv) == speculated(srv, "drafted")
+
+
 @pytest.mark.parametrize("draft", ["tiny_model", "echo_model"], ids=["itself", "another"])
 def test_a_draft_model_joins_the_batch(request, launch, tiny_model, draft):
     """With a draft model the model batches as any other: every reply is its trained reply,
     alone, from the prompt cache, and all at once beside a running stream. Drafting with
     the model itself accepts (nearly) every draft, which also shows that the draft's
     caches stay aligned with the model's through the prompt cache and the batch."""
-    srv = launch(tiny_model, "--draft-model", str(request.getfixturevalue(draft)))
+    srv = launch(tiny_model, "--draft-model", str(request.getfixturevalue(draft)), *DRAFT_ALWAYS)
     expected = [(c.message, c.request) for c in CONVERSATIONS]
     for _ in range(2):  # the second time from the prompt cache
         for message, body in expected:

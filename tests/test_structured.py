@@ -15,6 +15,7 @@ import openai
 import pytest
 from conversations import BY_NAME, HARMONY_BY_NAME, WEATHER_TOOL
 from helpers.server import server_model
+from helpers.speculation import DRAFT_ALWAYS
 from helpers.streams import concurrently, tokens_and_message
 from helpers.structured import NO_THINKING, SCHEMAS, assert_valid, constrained, schema_format
 
@@ -379,9 +380,10 @@ def test_a_format_without_a_forceable_call_is_a_400(launch, tiny_model):
 
 
 def test_a_draft_model_server_serves_constraints(launch, tiny_model):
-    """A constrained row does not draft; the rows beside it still do (test_speculation
-    checks the tokens against a server without the draft model)."""
-    srv = launch(tiny_model, "--draft-model", str(tiny_model))
+    """A constrained row drafts, its guesses and their verification under its grammar,
+    as the rows beside it do (test_speculation checks the tokens against a server without
+    the draft model)."""
+    srv = launch(tiny_model, "--draft-model", str(tiny_model), *DRAFT_ALWAYS)
     choices = ["Rome", "Paris"]
     body = {**BY_NAME["capital"].request, "guided_choice": choices, **NO_THINKING}
     status, _, reply = srv.post(CHAT, body)

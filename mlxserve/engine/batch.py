@@ -24,7 +24,7 @@ from mlxserve.adapters.layers import BASE
 from mlxserve.compat import RowState, generation_batch, row_state
 from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, with_slot
 from mlxserve.engine.block_drafts import draft_in_blocks
-from mlxserve.engine.draft_costs import DraftCosts
+from mlxserve.engine.draft_costs import DraftCosts, Drafting, chained
 from mlxserve.engine.head_drafts import draft_with_head
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
@@ -276,45 +276,55 @@ class BatchSession:
     def _speculate(self) -> SpeculationCounts | None:
         """Start verifying the planned drafts in the decode step (a hybrid model's
         recurrent layers keeping their state at each position they verify). Where the
-        device decides (`auto`), each row's draft is no longer than the measured costs pay
-        for at its acceptance; drafts asked for (`on`, a --draft-model) are as long as
-        their acceptance says."""
+        device decides (`--speculation auto` for prompt lookup and a drafter named by
+        --draft-model, `--mtp auto` for the checkpoint's head), each row's draft is no
+        longer than the measured costs pay for at its acceptance, and none where no
+        length pays; elsewhere (`on`, and `off` beside a named drafter) every row drafts
+        as much as its acceptance says."""
         plan, draft_model, limits = self._plan, self._loaded.draft_model, self._limits
         records_steps(self._loaded.model)
+        named = limits.speculation == "auto"  # a named drafter's lengths: costs decide
         if plan.draft_model and draft_model is not None:
-            return speculate_in(self._generator, self._draft_tokens, draft_model)
+            costs = self._costs_if(named, self._draft_tokens + 1, chained(draft_model))
+            return speculate_in(self._generator, self._draft_tokens, draft_model, costs)
         if isinstance(self._head, DFlashDrafter):
-            return draft_in_blocks(self._generator, self._head, self._head.block - 1)
+            costs = self._costs_if(named, self._head.block, self._head.drafting)
+            return draft_in_blocks(self._generator, self._head, self._head.block - 1, costs)
         if self._head is not None:
             max_draft = limits.max_draft if plan.lookup else 0
-            costs = DraftCosts()
-            if limits.mtp == "auto" and self._head.reads is None:  # not an EAGLE-3 by name
-                costs = self._draft_costs(self._draft_tokens + 1, self._head.as_model())
+            decides = named if self._head.reads is not None else limits.mtp == "auto"
+            drafting = chained(self._head.as_model())
+            costs = self._costs_if(decides, self._draft_tokens + 1, drafting)
             return draft_with_head(
                 self._generator, self._head, self._draft_tokens, max_draft, costs
             )
         if not plan.lookup:
             return None
-        costs = DraftCosts()
-        if limits.speculation == "auto":
-            costs = self._draft_costs(limits.max_draft + 1)
+        costs = self._costs_if(limits.speculation == "auto", limits.max_draft + 1)
         return speculate_in(self._generator, limits.max_draft, costs=costs)
 
     def _pays(self, width: int, with_head: bool) -> bool:
         """Whether verifying `width` tokens (drafted by the head, if `with_head`) costs
         this device at most half the steps it can save."""
         head = self._loaded.head
-        drafter = head.as_model() if with_head and head is not None else None
-        cost = self._draft_costs(width, drafter).of(width)
+        drafting = chained(head.as_model()) if with_head and head is not None else None
+        cost = self._draft_costs(width, drafting).of(width)
         return cost <= width / 2
 
-    def _draft_costs(self, widest: int, drafter: Any = None) -> DraftCosts:
-        """What verifying up to `widest` tokens costs this device, with a step of
-        `drafter` (a model of tokens) per guess if given: measured once (the worst rank's
-        where ranks run in lockstep)."""
-        key = (widest, drafter is not None)
+    def _costs_if(
+        self, measured: bool, widest: int, drafting: Drafting | None = None
+    ) -> DraftCosts:
+        """The costs a batch's draft lengths follow: measured (`_draft_costs`) where the
+        device decides, else none (every pass a step: every row drafts)."""
+        return self._draft_costs(widest, drafting) if measured else DraftCosts()
+
+    def _draft_costs(self, widest: int, drafting: Drafting | None = None) -> DraftCosts:
+        """What verifying up to `widest` tokens costs this device, with a drafter's
+        guesses (`drafting`) if given: measured once (the worst rank's where ranks run
+        in lockstep)."""
+        key = (widest, drafting is not None)
         if key not in self._costs:
-            costs = DraftCosts.measured(self._model, widest, drafter, self._worst)
+            costs = DraftCosts.measured(self._model, widest, drafting, self._worst)
             log.info(
                 "Drafting and verifying %d tokens costs %.1f steps of one on this device",
                 widest,

@@ -13,7 +13,8 @@ in the row's cache list (as a draft model's are), so the batch, the prompt cache
 disk tier carry it along. Only context enters it, so a rejected guess leaves nothing to
 roll back. Each row's draft length follows its acceptance (`speculative.DraftLength`): a
 block pass costs about the same at any length, but a verify pass grows with its widest
-row.
+row; where the device decides, no longer than its measured costs pay for, and none where
+no length pays (`draft_costs`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
+from mlxserve.engine.draft_costs import DraftCosts
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps
 from mlxserve.engine.rewind import roll_back
@@ -119,13 +121,16 @@ class BlockDraftBatch(SpeculativeBatch):
         self._unseen = [mx.zeros((1, 0, width)) for _ in counts]
 
 
-def draft_in_blocks(generator: BatchGenerator, drafter: Any, max_draft: int) -> SpeculationCounts:
+def draft_in_blocks(
+    generator: BatchGenerator, drafter: Any, max_draft: int, costs: DraftCosts | None = None
+) -> SpeculationCounts:
     """Give `generator` (whose model is wrapped in mtp.hidden.HiddenCapture) a batch that
-    drafts up to `max_draft` tokens per sequence and step with the DFlash `drafter`;
-    returns its counts."""
+    drafts up to `max_draft` tokens per sequence and step with the DFlash `drafter`, as
+    long as `costs` pay for; returns its counts."""
     batch = BlockDraftBatch.empty(generator.model, generator.sampler)
     batch.drafter = drafter
     batch.max_draft = max_draft
+    batch.costs = costs or DraftCosts()
     batch.layers = len(make_prompt_cache(generator.model))
     install_generation_batch(generator, batch)
     return batch.counts

@@ -4,12 +4,12 @@ the model's own MTP head, or an EAGLE-3 drafter (`mtp/`; both called "the head" 
 Each step the head drafts for every row, chained: from the model's hidden state at its
 last position and its next token it predicts the token after, then goes on from its own
 output, as many guesses as the longest row's draft length (each row's follows its
-acceptance, up to `draft_tokens`: `speculative.DraftLengths`). The model verifies them in
-the pass that decodes the step, exactly as it verifies prompt-lookup drafts
-(`speculative.SpeculativeBatch`); a row whose
-context predicts a draft (prompt lookup, where enabled) verifies that one instead, in the
-same pass. Drafts are greedy, one token proposed with certainty, so the acceptance rule
-keeps the target distribution.
+acceptance, up to `draft_tokens` and, where the device decides, what its measured costs
+pay for: `speculative.DraftLengths`). The model verifies them in the pass that decodes
+the step, exactly as it verifies prompt-lookup drafts (`speculative.SpeculativeBatch`);
+a row whose context predicts a draft (prompt lookup, where enabled) verifies that one
+instead, in the same pass. Drafts are greedy, one token proposed with certainty, so the
+acceptance rule keeps the target distribution.
 
 The head has a KV cache per row, after the model's in the row's cache list (as a draft
 model's are), so the batch, the prompt cache and the disk tier carry it along. Its entry
@@ -73,9 +73,9 @@ class HeadDraftBatch(SpeculativeBatch):
         if not self.uids:
             return []
         guessed = self._lengths.of(self, self.draft_tokens)  # the head's, per row
-        if not any(guessed):  # every row at its token limit
-            return GenerationBatch.next(self)
         lookups = self._predictions() if self.lookup else [[] for _ in self.uids]
+        if not any(guessed) and not any(lookups):  # no draft pays, or every row at its limit
+            return GenerationBatch.next(self)
         self._from_lookup = {i for i, p in enumerate(lookups) if p}
         lengths = [len(p) - 1 if p else n for p, n in zip(lookups, guessed, strict=True)]
         longest = max(lengths)

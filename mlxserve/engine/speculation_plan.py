@@ -4,7 +4,9 @@ by the table below.
     drafter        drafts when                          never when (the first that holds
                                                         is the reason logged)
     draft model    --draft-model names one (whatever    its caches cannot drop rejected
-                   the device: asked for by name)       drafts (refused before: session.py)
+                   the device: asked for by name;       drafts (refused before: session.py)
+                   under --speculation auto each row
+                   drafts what the costs pay for)
     hidden-state   the checkpoint's MTP head (--mtp on, --num-draft-tokens is 0; ranks run
     head           or auto where verifying pays), or    in lockstep; a draft model drafts
                    an EAGLE-3 --draft-model (always)    instead; the KV cache is quantized;

@@ -47,7 +47,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlxserve.compat import GenerationBatchAdapter, install_generation_batch, mend_window_masks
-from mlxserve.engine.draft_costs import Acceptance, DraftCosts
+from mlxserve.engine.draft_costs import Acceptance, DraftCosts, PaidLength
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
 from mlxserve.engine.rewind import rewind, roll_back, snapshot
@@ -86,13 +86,15 @@ class DraftLength:
     paying for the guesses they would not keep. Its acceptance is kept too, for the
     length the device's costs pay for (`draft_costs`)."""
 
-    def __init__(self, longest: int):
+    def __init__(
+        self, longest: int, costs: DraftCosts | None = None, prior: Acceptance | None = None
+    ):
         self.longest = longest
         self.length = longest
-        self.acceptance = Acceptance()
+        self.paid = PaidLength(costs or DraftCosts(), prior)
 
     def record(self, drafted: int, accepted: int) -> None:
-        self.acceptance.record(drafted, accepted)
+        self.paid.record(drafted, accepted)
         if accepted == drafted:
             self.length = min(2 * self.length, self.longest)
         else:
@@ -100,25 +102,32 @@ class DraftLength:
 
 
 class DraftLengths:
-    """The draft lengths of a batch's rows, by uid (each starts at the longest)."""
+    """The draft lengths of a batch's rows, by uid: each starts at the longest, its
+    acceptance at that of the passes before it, every row's (a drafter whose guesses
+    miss for one reply mostly misses for the next: a new row does not start by paying
+    for guesses at even odds)."""
 
     def __init__(self) -> None:
         self._rows: dict[int, DraftLength] = {}
+        self._pooled = Acceptance()
 
     def of(self, batch: SpeculativeBatch, longest: int) -> list[int]:
         """Each row's draft length this step (at most `longest`, and what the batch's
-        costs pay for at its acceptance), within its token limit (0 at the limit); the
-        rows that left the batch are forgotten."""
+        costs pay for at its acceptance: none where nothing pays), within its token limit
+        (0 at the limit); the rows that left the batch are forgotten."""
         rows, lengths = {}, []
         for i, uid in enumerate(batch.uids):
-            row = rows[uid] = self._rows.get(uid) or DraftLength(longest)
-            paid = batch.costs.best_length(row.acceptance.rate, longest)
-            lengths.append(max(0, min(row.length, paid, batch.room(i))))
+            row = self._rows.get(uid) or DraftLength(longest, batch.costs, self._pooled)
+            rows[uid] = row
+            room = batch.room(i)
+            paid = row.paid.length(longest) if room > 0 else 0
+            lengths.append(max(0, min(row.length, paid, room)))
         self._rows = rows
         return lengths
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
         self._rows[uid].record(drafted, accepted)
+        self._pooled.record(drafted, accepted)
 
 
 class NgramDrafter:
@@ -128,8 +137,7 @@ class NgramDrafter:
 
     def __init__(self, max_draft: int, costs: DraftCosts | None = None):
         self._max = max_draft
-        self._costs = costs or DraftCosts()
-        self._acceptance = Acceptance()
+        self._paid = PaidLength(costs or DraftCosts())
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # positions of the context whose n-grams are in the index
         self.length = min(FIRST_DRAFT, max_draft)
@@ -148,7 +156,7 @@ class NgramDrafter:
         for n in NGRAM_SIZES:
             end = self._index.get(tuple(context[-n:])) if len(context) > n else None
             if end is not None:
-                paid = self._costs.best_length(self._acceptance.rate, self._max)
+                paid = self._paid.length(self._max)
                 predicted: list[int] = []
                 for position in range(end, end + 1 + min(self.length, limit, paid)):
                     known = position < len(context)
@@ -161,7 +169,7 @@ class NgramDrafter:
     def record(self, drafted: int, accepted: int) -> None:
         """Lengthen the drafts while they are accepted whole, shorten them to what was
         accepted, and pause drafting (longer each time) while they are rejected outright."""
-        self._acceptance.record(drafted, accepted)
+        self._paid.record(drafted, accepted)
         if accepted == drafted:
             self.length = min(2 * self.length, self._max)
             self._misses = 0
@@ -433,7 +441,8 @@ class DraftModelBatch(SpeculativeBatch):
     Each row's cache list is the model's caches followed by the draft model's (as in
     mlx-lm's speculative decoding and the prompt cache). The draft's caches hold one token
     less than the model's: the batch takes a prompt's last token into the model alone, and
-    each step the draft takes the model's last token with the next one. A verified pass
+    each step the draft takes the model's last token with the next one (after a run of
+    steps where no row drafted, first the tokens it missed: `_catch_up`). A verified pass
     adds as many positions to both, and each row drops as many of them (the drafted tokens
     it did not keep), so one roll-back serves both where the draft's caches are trimmed.
 
@@ -450,11 +459,15 @@ class DraftModelBatch(SpeculativeBatch):
         self._lengths = DraftLengths()
         self._snapshots: list[tuple | None] = []  # per draft cache, before the chain
         self._last: list[int] = []  # each row's last token before the chain
+        self._behind = 0  # tokens every row's draft has still to take (`_catch_up`)
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
             return []
         lengths = self._lengths.of(self, self.max_draft)
+        if not any(lengths):  # no draft pays, or every row at its token limit
+            return GenerationBatch.next(self)
+        self._catch_up()
         draft_caches = self._drafter_caches
         self._snapshots = [snapshot(c) for c in draft_caches]
         self._last = [tokens[-1] for tokens in self.tokens]
@@ -462,20 +475,45 @@ class DraftModelBatch(SpeculativeBatch):
         fed = mx.stack([last, self.next_tokens], axis=1)
         drafted = []
         guide = DraftGuide(self)
-        # At least one: the draft takes the model's last token with the next one each step.
-        for _ in range(max(1, *lengths)):
+        for _ in range(max(lengths)):
             logits = self.draft_model(fed, cache=draft_caches)[:, -1, :]
             fed = guide.choose(logits).astype(self.next_tokens.dtype)[:, None]
             drafted.append(fed)
         guide.done()
         return self._verify(mx.concatenate(drafted, axis=1), lengths, [None] * len(lengths))
 
+    def decode_step(self):
+        """mlx-lm's step (no row drafts): the draft does not take its token now, but with
+        the others it missed when a row drafts again (`_catch_up`): a step of the draft
+        model each plain step would cost more than the tries it serves."""
+        self._behind += 1
+        return super().decode_step()
+
+    def _catch_up(self) -> None:
+        """Feed the draft, in one pass, the tokens it missed in plain steps, so its caches
+        are again a token behind the model's. Every row missed as many (rows join a
+        batch that has caught up), so the pass needs no padding."""
+        if self._behind and self.uids:
+            missed = [tokens[-1 - self._behind : -1] for tokens in self.tokens]
+            self.draft_model(mx.array(missed, dtype=mx.int32), cache=self._drafter_caches)
+            mx.async_eval([c.state for c in self._drafter_caches])
+        self._behind = 0
+
+    def extend(self, batch: GenerationBatch) -> None:
+        self._catch_up()
+        super().extend(batch)
+
+    def filter(self, keep: list[int]) -> None:
+        super().filter(keep)
+        if not keep:
+            self._behind = 0
+
     def extract_cache(self, idx: int) -> list[Any]:
         """A row's caches for the prompt cache, the draft's brought level with the
         model's (both then hold the row's tokens)."""
         caches = super().extract_cache(idx)
-        last = mx.array([[self.tokens[idx][-1]]])
-        self.draft_model(last, cache=caches[self.layers :])
+        missed = mx.array([self.tokens[idx][-1 - self._behind :]], dtype=mx.int32)
+        self.draft_model(missed, cache=caches[self.layers :])
         return caches
 
     def _record(self, row: int, drafted: int, accepted: int) -> None:

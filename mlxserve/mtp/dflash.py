@@ -17,6 +17,7 @@ batch's per-row offsets and left padding).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,15 @@ class DFlashDrafter:
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.drafter.layers]
 
+    @property
+    def context_width(self) -> int:
+        """The width of its context: the outputs of the layers it reads, concatenated."""
+        return int(self.drafter.fc.weight.shape[1])
+
     def as_model(self) -> Any:
         """Taking tokens as context of zero hidden states: for measuring its cache's bytes
         per token."""
-        width = self.drafter.fc.weight.shape[1]
+        width = self.context_width
 
         def step(tokens: mx.array, cache: list[Any]) -> mx.array:
             self.take(mx.zeros((*tokens.shape, width)), cache)
@@ -88,6 +94,17 @@ class DFlashDrafter:
 
         step.make_cache = self.make_cache  # type: ignore[attr-defined]
         return step
+
+    def drafting(self, width: int) -> float:
+        """The seconds its guesses for a verify pass over `width` tokens take: one pass
+        over a block of that width (for `engine.draft_costs`)."""
+        context = self.context(mx.zeros((1, 1, self.context_width)), 0)
+        block = mx.zeros((1, width), dtype=mx.int32)
+        visible = mx.ones((1, 1), dtype=mx.bool_)
+        mx.eval(self.block_logits(block, 1, context, visible))  # warm up
+        start = time.perf_counter()
+        mx.eval(self.block_logits(block, 1, context, visible))
+        return time.perf_counter() - start
 
     def context(self, hidden: mx.array, offset: Any) -> list[tuple[mx.array, mx.array]]:
         """Each layer's keys and values (B x heads x n x head width) for the context

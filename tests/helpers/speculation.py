@@ -7,6 +7,11 @@ import pytest
 from helpers.metrics import metrics
 from helpers.server import CHAT
 
+# A drafter named by --draft-model drafts for every row each step: under the default
+# (`auto`) this CPU's measured costs would stop it (see engine/draft_costs.py), and what
+# these tests check is what drafting does.
+DRAFT_ALWAYS = ("--speculation", "on")
+
 
 def reply(srv, body: dict) -> tuple[dict, list[tuple]]:
     """The choice (logprobs taken out) and its logprob entries as tuples."""

@@ -16,6 +16,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.engine.admission import Admission, Capacity
 from mlxserve.engine.disk_cache import DiskCache
+from mlxserve.engine.draft_costs import DraftCosts
 from mlxserve.engine.memory import KVFootprint
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.quantized_cache import KVQuantization, QuantizedCache
@@ -161,6 +162,56 @@ def test_verified_drafts_change_no_token(model_and_tokenizer, story):
     drafted, counts = greedy(model, prompts, 48, draft=4)
     assert drafted == plain
     assert counts is not None and counts.drafted > 0  # drafts were made and checked
+
+
+@pytest.mark.parametrize("fixture", ["tiny_model", "sliding_model", "qwen_mtp_model"])
+def test_a_resting_draft_model_catches_up_before_it_drafts(request, fixture, story):
+    """Where no draft pays, a draft model rests between tries and misses the plain steps'
+    tokens; it takes them in one pass before a try, before a row joins, and into a
+    finished row's caches. A model drafting for itself (full attention; a 32-token sliding
+    window, wrapped; Qwen3.5's recurrent layers) keeps every try, for a row that joins
+    while the first rests too, and each finished row's draft caches give the model's own
+    next logits (the same weights fed the same tokens)."""
+    model, _ = load(str(request.getfixturevalue(fixture)))
+    generator = BatchGenerator(model)
+    costs = DraftCosts((2, 4), (1.9, 3.8))  # even guesses always kept never pay: tries only
+    counts = speculate_in(generator, 3, model, costs)
+    layers = len(make_prompt_cache(model))
+
+    def insert(prompt: list[int], max_tokens: int) -> int:
+        """As the engine inserts a row: both models hold the prompt but its last token."""
+        caches = make_prompt_cache(model) + make_prompt_cache(model)
+        for part in (caches[:layers], caches[layers:]):
+            model(mx.array([prompt[:-1]]), cache=part)
+        (uid,) = generator.insert(
+            [prompt[-1:]], max_tokens=[max_tokens], caches=[caches], all_tokens=[prompt[:-1]]
+        )
+        return uid
+
+    uids = [insert(story[:60], 30)]
+    finished: dict[int, list] = {}
+    behind_at_finish = []  # the tokens the draft had missed when a row finished
+    for step in range(200):
+        batch = generator._generation_batch
+        if step == 12:  # the first row rests: its draft is behind
+            assert batch._behind > 0
+            uids.append(insert(story[:30], 80))
+        for r in generator.next()[1]:
+            if r.finish_reason is not None:
+                finished[r.uid] = r.prompt_cache
+                behind_at_finish.append(batch._behind)
+        if len(finished) == 2:
+            break
+    generator.close()
+    assert counts.accepted == counts.drafted >= 6
+    assert counts.drafted < 40  # rests between tries
+    assert max(behind_at_finish) > 0
+    probe = mx.array([[story[0]]])
+    for uid in uids:
+        caches = finished[uid]
+        own = model(probe, cache=caches[:layers])
+        drafts = model(probe, cache=caches[layers:])
+        assert mx.allclose(own, drafts, atol=1e-3).item()
 
 
 # Admission ---------------------------------------------------------------------------------
