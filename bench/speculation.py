@@ -5,7 +5,8 @@ Workloads, one streamed reply each (and `--streams` at once for the batch line):
   repeating its own output (the best case: every draft is accepted);
 - sampled: temperature 1.0 on the same model, output that repeats nothing (drafts are
   rare and rejected: the cost of speculating where it cannot help);
-- with a draft model: the 7M bench model drafting for the 50M one (both servers);
+- with a draft model: the 7M bench model drafting for the 50M one (both servers; mlxserve
+  under `--speculation auto` and `on`, and without the draft model);
 - copy: the tiny-echo test fixture's conversation, a trained model writing back the
   code it was given (an agent rewriting a file); tiny, so per-step overhead dominates;
 - copy JSON: the same fixture writing back a JSON record, without and with its JSON
@@ -124,8 +125,14 @@ def random_weights(args: argparse.Namespace) -> None:
     draft = models.build(models.MODELS["7m"])
     flags = ("--draft-model", str(draft), "--num-draft-tokens", "3")
     print(f"\n{path.name} with {draft.name} as its draft model (their greedy outputs differ:")
-    print("drafts are mostly rejected; what this measures is batching with a draft model)")
-    servers = {"mlxserve": ("mlxserve", flags), "mlx_lm.server": ("mlx_lm.server", flags)}
+    print("drafts are mostly rejected; what this measures is batching with a draft model,")
+    print("and what drafts that miss cost: auto drafts what this device's costs pay for)")
+    servers = {
+        "mlxserve auto": ("mlxserve", (*flags, "--speculation", "auto")),
+        "mlxserve on": ("mlxserve", (*flags, "--speculation", "on")),
+        "no draft model": ("mlxserve", ("--speculation", "off")),
+        "mlx_lm.server": ("mlx_lm.server", flags),
+    }
     drafted = {k: v for k, v in workloads.items() if k.startswith("repeating")}
     measure(drafted, path, args.rounds, w.logit_bias, servers)
 
