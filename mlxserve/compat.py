@@ -83,6 +83,15 @@ def generation_batch(generator: Any) -> GenerationBatch:
     return generator._generation_batch
 
 
+def settle(generator: Any) -> None:
+    """Wait for the step mlx-lm's batch started ahead: it computes the next step while the
+    caller reads this one's tokens, so work queued between two calls (a prompt, a row
+    leaving) would first wait for that step too."""
+    batch = generation_batch(generator)
+    if batch.uids:
+        mx.eval(batch._next_tokens, batch._next_logprobs)
+
+
 @dataclass(frozen=True)
 class RowState:
     """What a row of a generation batch holds beside its caches: the token it sampled

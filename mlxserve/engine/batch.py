@@ -21,7 +21,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.adapters.layers import BASE
-from mlxserve.compat import RowState, generation_batch, row_state
+from mlxserve.compat import RowState, generation_batch, row_state, settle
 from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, with_slot
 from mlxserve.engine.block_drafts import draft_in_blocks
 from mlxserve.engine.draft_costs import DraftCosts, Drafting, chained
@@ -461,6 +461,10 @@ class BatchSession:
         )
         if finished or stopped:
             self._trim_prompt_cache()
+        if self._sequences and not self._interactive():
+            # Idle-priority rows alone: nothing runs between their steps, so interactive
+            # work that comes waits for the step running then, not the one after it too.
+            settle(self._generator)
 
     def preempt_idle(self) -> None:
         """End every idle-priority job (interactive work wants their memory), keeping what
