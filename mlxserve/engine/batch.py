@@ -283,16 +283,16 @@ class BatchSession:
         as much as its acceptance says."""
         plan, draft_model, limits = self._plan, self._loaded.draft_model, self._limits
         records_steps(self._loaded.model)
-        named = limits.speculation == "auto"  # a named drafter's lengths: costs decide
+        auto = limits.speculation == "auto"  # lookup's and a named drafter's lengths
         if plan.draft_model and draft_model is not None:
-            costs = self._costs_if(named, self._draft_tokens + 1, chained(draft_model))
+            costs = self._costs_if(auto, self._draft_tokens + 1, chained(draft_model))
             return speculate_in(self._generator, self._draft_tokens, draft_model, costs)
         if isinstance(self._head, DFlashDrafter):
-            costs = self._costs_if(named, self._head.block, self._head.drafting)
+            costs = self._costs_if(auto, self._head.block, self._head.drafting)
             return draft_in_blocks(self._generator, self._head, self._head.block - 1, costs)
         if self._head is not None:
             max_draft = limits.max_draft if plan.lookup else 0
-            decides = named if self._head.reads is not None else limits.mtp == "auto"
+            decides = auto if self._head.reads is not None else limits.mtp == "auto"
             drafting = chained(self._head.as_model())
             costs = self._costs_if(decides, self._draft_tokens + 1, drafting)
             return draft_with_head(
@@ -300,7 +300,7 @@ class BatchSession:
             )
         if not plan.lookup:
             return None
-        costs = self._costs_if(limits.speculation == "auto", limits.max_draft + 1)
+        costs = self._costs_if(auto, limits.max_draft + 1)
         return speculate_in(self._generator, limits.max_draft, costs=costs)
 
     def _pays(self, width: int, with_head: bool) -> bool:

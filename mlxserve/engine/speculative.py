@@ -50,7 +50,7 @@ from mlxserve.compat import GenerationBatchAdapter, install_generation_batch, me
 from mlxserve.engine.draft_costs import Acceptance, DraftCosts, PaidLength
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
-from mlxserve.engine.rewind import rewind, roll_back, snapshot
+from mlxserve.engine.rewind import rewind, roll_back, snapshot, take_again
 from mlxserve.engine.row_entry import RowEntry
 from mlxserve.engine.sampling import LogitsProcessor, per_position
 from mlxserve.values import int_rows
@@ -495,8 +495,7 @@ class DraftModelBatch(SpeculativeBatch):
         batch that has caught up), so the pass needs no padding."""
         if self._behind and self.uids:
             missed = [tokens[-1 - self._behind : -1] for tokens in self.tokens]
-            self.draft_model(mx.array(missed, dtype=mx.int32), cache=self._drafter_caches)
-            mx.async_eval([c.state for c in self._drafter_caches])
+            take_again(self.draft_model, self._drafter_caches, missed)
         self._behind = 0
 
     def extend(self, batch: GenerationBatch) -> None:
