@@ -68,7 +68,10 @@ class DraftCosts:
     def best_length(self, acceptance: float, longest: int) -> int:
         """The draft length (0 to `longest`) that gains a row the most tokens per step of
         cost, its drafted tokens each accepted with probability `acceptance` (0: a plain
-        step gains more than any draft; the shortest of equal gains)."""
+        step gains more than any draft; the shortest of equal gains). Unmeasured, every
+        pass costs a step, so the longest gains most (asked each step for every row)."""
+        if not self.widths:
+            return max(0, longest)
 
         def gain(length: int) -> float:
             return sum(acceptance**k for k in range(length + 1)) / self.of(length + 1)
