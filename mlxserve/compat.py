@@ -158,6 +158,29 @@ def route_gated_delta_updates(wrap: Any) -> None:
             module.gated_delta_update = routed
 
 
+def batched_pass_kwargs(language_model: Any, inputs: Any) -> dict[str, Any]:
+    """What keeps mlx-vlm's Qwen3.5 language model (`Qwen3_5Model`, its MoE sibling's too)
+    to one batched call over a pass of several tokens: asked for no hidden states
+    (`capture_layer_ids` empty, its `hidden_sink` then a list), it masks each row's left
+    padding (mlx-lm's batch caches make the masks) instead of running the rows one at a
+    time and merging their caches anew. A verify pass needs that: the recurrent caches'
+    speculation records (`ArraysCache.start_speculation`) live on the cache objects."""
+    from mlx_vlm.models.qwen3_5.language import Qwen3_5Model
+
+    splits = isinstance(getattr(language_model, "model", None), Qwen3_5Model)
+    return {"capture_layer_ids": []} if splits and inputs.shape[1] > 1 else {}
+
+
+def vision_recurrent_caches() -> type[Any]:
+    """mlx-vlm's recurrent-state cache: its layers keep their states through it
+    (`update_recurrent`, `update_window`), which records each position's while a
+    speculation transaction is open (`start_speculation`, `commit_speculation` with each
+    row's kept length, `abort_speculation`)."""
+    from mlx_vlm.models.cache import ArraysCache
+
+    return ArraysCache
+
+
 def roll_back_window(cache: Any, shared: int, rest: list[int]) -> None:
     """Take the positions rows did not keep out of a BatchRotatingKVCache (a sliding
     window): `shared` from every row, `rest[i]` more from row i.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conversations import BY_NAME, VISION_CONVERSATIONS, colour_question, data_uri, square_png
 from helpers.errors import assert_error
-from helpers.speculation import speculated
+from helpers.speculation import replayed, speculated
 from helpers.sse import chat_message, logprob_entries, open_stream, stream
 from helpers.streams import concurrently
 from transformers import AutoTokenizer
@@ -73,27 +73,22 @@ def same(a: tuple, b: tuple) -> bool:
 class Family:
     model: Path
     end_token: int  # the id of the token that ends a turn
-    # whether its caches can drop rejected drafts (mlx-vlm's recurrent layers cannot yet)
-    drafts: bool
-    # whether a draft model drafts for it (not beside mlx-vlm's recurrent layers)
-    draft_model: bool
 
 
-# Each family's fixture, the token that ends its turns, whether it drafts from the
-# context, and whether with a draft model.
+# Each family's fixture and the token that ends its turns.
 FAMILIES = {
-    "qwen2_vl": ("vision_model", "<|im_end|>", True, True),
-    "qwen3_5": ("qwen35_vision_model", "<|im_end|>", False, False),
-    "gemma3": ("gemma3_vision_model", "<end_of_turn>", True, True),
+    "qwen2_vl": ("vision_model", "<|im_end|>"),
+    "qwen3_5": ("qwen35_vision_model", "<|im_end|>"),
+    "gemma3": ("gemma3_vision_model", "<end_of_turn>"),
 }
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request) -> Family:
-    fixture, end, drafts, draft_model = FAMILIES[request.param]
+    fixture, end = FAMILIES[request.param]
     model = request.getfixturevalue(fixture)
     end_token = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(end)
-    return Family(model, end_token, drafts, draft_model)
+    return Family(model, end_token)
 
 
 @pytest.fixture(scope="module")
@@ -198,17 +193,15 @@ def test_rows_equal_alone_and_mlx_vlm_generate(launch, family, library):
 def test_speculation_gives_the_same_tokens(launch, family, library):
     """Prompt-lookup drafts verified beside images: the tokens without speculation, and
     drafts were accepted (the fixture's replies repeat themselves), Gemma 3's sliding
-    window included. Qwen3.5's recurrent layers (mlx-vlm's) cannot drop rejected drafts:
-    they do not draft, and the log says why (docs, limitations)."""
+    window and Qwen3.5's recurrent layers (mlx-vlm's) included: each row's recurrent state
+    is the one after its last kept token, taken from the pass's records, never from a
+    second pass."""
     srv = launch(family.model, "--prompt-cache-size", "0", "--speculation", "on")
     bodies = requests(family.end_token)
     drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
-    if family.drafts:
-        assert accepted_drafts(srv) > 0
-    else:
-        assert accepted_drafts(srv) == 0
-        assert any("cannot drop rejected drafts" in line for line in srv.log), srv.log
+    assert drafted_tokens(srv) > accepted_drafts(srv) > 0
+    assert replayed(srv) == 0
 
 
 def accepted_drafts(srv) -> float:
@@ -222,12 +215,11 @@ def drafted_tokens(srv) -> float:
 
 def test_a_draft_model_drafts_beside_images(launch, family, library):
     """A small language model drafts for a vision model (here its own language model, as
-    mlx-lm loads the checkpoint, Gemma 3's with its sliding window of 8: its chain wraps
-    the window every step): the tokens mlx-vlm's generate_step gives, alone and all at
-    once; drafts accepted and rejected, as many of each batched as alone (the draft's
-    caches go back to where each chain began and take each row's kept tokens again). A
-    family whose caches cannot drop a draft model's drafts (mlx-vlm's recurrent layers) is
-    served without the draft model, batched, the log saying why."""
+    mlx-lm loads the checkpoint; Gemma 3's with its sliding window of 8: its chain wraps
+    the window every step; Qwen3.5's with recurrent layers beside the vision model's): the
+    tokens mlx-vlm's generate_step gives, alone and all at once; drafts accepted and
+    rejected, as many of each batched as alone (the draft's caches go back to where each
+    chain began and take each row's kept tokens again)."""
     flags = ("--prompt-cache-size", "0", "--draft-model", str(family.model))
     srv = launch(family.model, *flags, "--speculation", "off")  # the draft model's drafts only
     bodies = requests(family.end_token)
@@ -236,13 +228,9 @@ def test_a_draft_model_drafts_beside_images(launch, family, library):
     counts = (drafted_tokens(srv), accepted_drafts(srv))  # the server's first requests
     drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
-    if family.draft_model:
-        assert counts[0] > counts[1] > 0
-        assert (drafted_tokens(srv) - counts[0], accepted_drafts(srv) - counts[1]) == counts
-    else:
-        assert accepted_drafts(srv) == 0
-        assert srv.log_lines("does not draft with --draft-model")
-        assert not any("one request at a time" in line for line in srv.log)
+    assert counts[0] > counts[1] > 0
+    assert (drafted_tokens(srv) - counts[0], accepted_drafts(srv) - counts[1]) == counts
+    assert replayed(srv) == 0
 
 
 def test_a_quantized_kv_cache_batches_vision_rows_as_alone(launch, gemma3_vision_model):

@@ -70,8 +70,8 @@ def can_batch(loaded: LoadedModel) -> bool:
 
 def drops_drafts(loaded: LoadedModel) -> bool:
     """Whether the model's and its draft model's caches can drop the drafts the model
-    rejects (`speculative.can_roll_back`: full attention, sliding windows and mlx-lm's
-    recurrent layers; not mlx-vlm's recurrent layers, nor Llama 4's chunked attention)."""
+    rejects (`speculative.can_roll_back`: full attention, sliding windows and recurrent
+    layers, mlx-lm's and mlx-vlm's; not Llama 4's chunked attention)."""
     model = batch_model(loaded.model, loaded.spec.vision)
     return can_roll_back(_fresh_caches(model, loaded, None))
 

@@ -11,8 +11,10 @@ covered here: Mamba, LFM2, Kimi Linear, ...).
 The recurrence runs one position at a time through mlx-lm's own `gated_delta_update`, as a
 decode step runs it (one kernel call a position instead of one for the pass; the layer's
 projections still take the whole pass at once), and the convolution's input is read where
-the layer hands it to its `conv1d` (`RecordingConv1d`). mlx-vlm's speculation records
-(`ArraysCache.start_speculation`) serve its own layers, whose vision rows do not draft.
+the layer hands it to its `conv1d` (`RecordingConv1d`). mlx-vlm's layers (Qwen3.5's vision
+checkpoints) record their own: their caches open a speculation transaction for the pass
+(`ArraysCache.start_speculation`) and commit each row's kept length
+(`commit_speculation`), the same states and windows, taken by mlx-vlm's code.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
-from mlxserve.compat import gated_delta_layers, route_gated_delta_updates
-from mlxserve.engine.rewind import snapshot
+from mlxserve.compat import (
+    gated_delta_layers,
+    route_gated_delta_updates,
+    vision_recurrent_caches,
+)
+from mlxserve.engine.rewind import Snapshot, snapshot
 
 
 @dataclass
@@ -46,8 +52,11 @@ class PassSteps:
     """What one verify pass recorded, a `LayerSteps` per recurrent layer in the order the
     model ran them, and each cache as the pass found it (`rewind.snapshot`, for a replay)."""
 
-    snapshots: list[tuple | None]
+    snapshots: list[Snapshot]
     layers: list[LayerSteps] = field(default_factory=list)
+    # mlx-vlm's recurrent caches with a transaction open for the pass (none where the
+    # pass is not recorded)
+    transactions: list[Any] = field(default_factory=list)
 
 
 _recording: ContextVar[PassSteps | None] = ContextVar("recurrent_steps", default=None)
@@ -109,15 +118,25 @@ def recorded(caches: list[Any], width: int) -> Iterator[PassSteps | None]:
     nothing to keep). The states of every position are held until the step settles:
     where they would pass RECORDED_MAX_BYTES the pass is not recorded, and rows that reject
     part of their draft take their kept tokens again (`keep` declines)."""
-    recurrent = [c for c in caches if isinstance(c, ArraysCache)]
-    if not recurrent:
+    ours = [c for c in caches if isinstance(c, ArraysCache)]
+    theirs = [c for c in caches if isinstance(c, vision_recurrent_caches())]
+    if not ours and not theirs:
         yield None
         return
     steps = PassSteps(snapshots=[snapshot(c) for c in caches])
-    held = width * sum(c[1].nbytes for c in recurrent if c[1] is not None)
-    token = _recording.set(steps if held <= RECORDED_MAX_BYTES else None)
+    held = width * sum(c[1].nbytes for c in [*ours, *theirs] if c[1] is not None)
+    recording = held <= RECORDED_MAX_BYTES
+    if recording:
+        for cache in theirs:
+            cache.start_speculation(width)
+        steps.transactions = theirs
+    token = _recording.set(steps if recording else None)
     try:
         yield steps
+    except BaseException:
+        for cache in steps.transactions:
+            cache.abort_speculation()
+        raise
     finally:
         _recording.reset(token)
 
@@ -126,6 +145,10 @@ def keep(caches: list[Any], steps: PassSteps, kept: list[int]) -> bool:
     """Leave each recurrent cache as if row i had taken only its first `kept[i]` positions
     of the pass (at least one); False (nothing changed) where the pass was not recorded
     for every recurrent cache, or a row's caches are being filled to given lengths."""
+    if steps.transactions:
+        for cache in steps.transactions:
+            cache.commit_speculation(kept)
+        return True
     recurrent = [c for c in caches if isinstance(c, ArraysCache)]
     if not _covers(recurrent, steps):
         return False

@@ -18,7 +18,16 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, BatchRotatingKVCache
 
-from mlxserve.compat import copied, roll_back_window, window_state
+from mlxserve.compat import copied, roll_back_window, vision_recurrent_caches, window_state
+
+# What `snapshot` keeps of a cache: see there.
+Snapshot = tuple | None
+
+
+def is_recurrent(cache: Any) -> bool:
+    """Whether a batch cache is a recurrent layer's state (mlx-lm's or mlx-vlm's), which
+    cannot be trimmed: a pass's records or a replay take it back."""
+    return isinstance(cache, (ArraysCache, vision_recurrent_caches()))
 
 
 def roll_back(caches: list[Any], unkept: list[int]) -> None:
@@ -39,20 +48,30 @@ def roll_back(caches: list[Any], unkept: list[int]) -> None:
             cache.finalize()
 
 
-def snapshot(cache: Any) -> tuple | None:
+def snapshot(cache: Any) -> Snapshot:
     """What a batch cache needs to go back to this point: a sliding window's state (its
     arrays copied: single-token steps write them in place) or a recurrent layer's (its
-    states are replaced, not written: references keep them; its padding counts are
-    written in place); None for a full-attention cache, which is trimmed instead."""
+    states are replaced, not written: references keep them; mlx-lm's padding counts are
+    written in place; mlx-vlm's have none between steps: batches merge and finalize to
+    none); None for a full-attention cache, which is trimmed instead."""
     if isinstance(cache, BatchRotatingKVCache):
         return window_state(cache)
     if isinstance(cache, ArraysCache):
         return (list(cache.cache), *copied((cache.left_padding, cache.lengths)))
+    if isinstance(cache, vision_recurrent_caches()):
+        return tuple(cache.cache)
     return None
 
 
+def _restore(cache: Any, state: tuple) -> None:
+    if isinstance(cache, vision_recurrent_caches()):
+        cache.cache = list(state)
+    else:
+        cache.state = state
+
+
 def rewind(
-    model: Any, caches: list[Any], snapshots: list[tuple | None], width: int, rows: list[list[int]]
+    model: Any, caches: list[Any], snapshots: list[Snapshot], width: int, rows: list[list[int]]
 ) -> None:
     """Take `caches` back to their `snapshots` (a full-attention cache, whose snapshot is
     None, loses the `width` positions written since) and feed row i `rows[i]`."""
@@ -60,7 +79,7 @@ def rewind(
         if state is None:
             cache.trim(width)
         else:
-            cache.state = state
+            _restore(cache, state)
     take_again(model, caches, rows)
 
 

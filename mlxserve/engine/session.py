@@ -119,7 +119,7 @@ def open_session(loaded: LoadedModel, draft_tokens: int, context: SessionContext
     if loaded.draft_model is not None and not drops_drafts(loaded):
         log.warning(
             "%s does not draft with --draft-model: its caches cannot drop the drafts it "
-            "rejects (mlx-vlm's recurrent layers, chunked attention); served without it",
+            "rejects (chunked attention); served without it",
             spec.path.name,
         )
         loaded.drop_draft_model()

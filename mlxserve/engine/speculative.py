@@ -50,14 +50,16 @@ from mlxserve.compat import GenerationBatchAdapter, install_generation_batch, me
 from mlxserve.engine.draft_costs import Acceptance, DraftCosts, PaidLength
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
-from mlxserve.engine.rewind import rewind, roll_back, snapshot, take_again
+from mlxserve.engine.rewind import is_recurrent, rewind, roll_back, snapshot, take_again
 from mlxserve.engine.row_entry import RowEntry
 from mlxserve.engine.sampling import LogitsProcessor, per_position
+from mlxserve.engine.vision_rows import VisionArraysCache
 from mlxserve.values import int_rows
 
 # The caches (as a sequence makes them) whose batch caches drop a pass's rejected drafts:
-# cut off, or (recurrent states) taken from the pass's records or again from where it began.
-ROLLS_BACK = (KVCache, RotatingKVCache, ArraysCache)
+# cut off, or (recurrent states, mlx-lm's and a vision model's) taken from the pass's
+# records or again from where it began.
+ROLLS_BACK = (KVCache, RotatingKVCache, ArraysCache, VisionArraysCache)
 NGRAM_SIZES = (8, 6, 4, 3, 2)  # the context's last n tokens looked up, longest first
 FIRST_DRAFT = 4  # a new sequence's draft length, before its acceptance is known
 MAX_BACKOFF_STEPS = 32  # the longest pause after drafts were rejected outright
@@ -362,7 +364,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
         if steps is not None and not keep(caches, steps, [len(tokens) for tokens in kept]):
             self._replay(inputs, unkept, steps.snapshots)
         else:
-            roll_back([c for c in caches if not isinstance(c, ArraysCache)], unkept)
+            roll_back([c for c in caches if not is_recurrent(c)], unkept)
         self._settle_drafter(inputs, kept, unkept)
 
     def _settle_drafter(self, inputs: mx.array, kept: list[list[int]], unkept: list[int]) -> None:
@@ -537,8 +539,7 @@ def can_roll_back(caches: list[Any]) -> bool:
     sliding windows too (a pass over several tokens overwrites nothing: see
     `compat.roll_back_window`); recurrent states are taken from the pass's records
     (`recurrent_steps`) or again from where it began (`_replay`); a vision row's RoPE
-    delta and a row's adapter hold no positions. (A vision model's recurrent states are
-    mlx-vlm's, whose layers pad a replay their own way: they do not draft.)"""
+    delta and a row's adapter hold no positions."""
     return all(type(c) in ROLLS_BACK or isinstance(c, RowEntry) for c in caches)
 
 

@@ -38,7 +38,7 @@ import mlx.core as mx
 from mlx_lm.models import cache as lm_cache
 from mlx_vlm.models import cache as vlm_cache
 
-from mlxserve.compat import register_cache_class
+from mlxserve.compat import batched_pass_kwargs, register_cache_class
 from mlxserve.engine.jobs import GenerationJob
 from mlxserve.engine.row_entry import RowEntry
 
@@ -168,6 +168,7 @@ class VisionBatchModel:
             return self.language_model(inputs, **kwargs).logits
         count = self.layers_count
         layers = cache[:count]
+        kwargs.update(batched_pass_kwargs(self.language_model, inputs))
         if not self.mrope:
             logits = self.language_model(inputs, cache=layers, **kwargs).logits
             cache[:count] = layers  # mlx-vlm's per-row paths replace entries of the list

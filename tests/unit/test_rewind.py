@@ -3,9 +3,10 @@ the step's positions, on random-weight models with left-padded rows of different
 (longer than a sliding window): after random runs of steps, each row's next logits equal
 those of the row alone fed exactly the tokens it kept.
 
-- A hybrid model's verify pass (`engine/recurrent_steps.py`, Qwen3-Next and Qwen3.5):
-  its gated delta-net layers take the state recorded after each row's last kept token,
-  with no second pass.
+- A hybrid model's verify pass (`engine/recurrent_steps.py`, Qwen3-Next and Qwen3.5, and
+  mlx-vlm's Qwen3.5 as a vision checkpoint's language model in the batch): its gated
+  delta-net layers take the state recorded after each row's last kept token, with no
+  second pass; or, past the records' memory bound, go back and take the kept tokens again.
 - A draft model's chain (`engine/rewind.py`: Gemma 3 with a sliding window of 8, Qwen3.5,
   Qwen3): written a token at a time (a wrapped window in place, recurrent layers into their
   state), its caches go back to where the chain began and take each row's kept tokens
@@ -21,13 +22,15 @@ import mlx.core as mx
 import pytest
 from fixture_models import TINY_CHAT
 from hybrid_fixture import TINY_HYBRID, TINY_SLIDING
-from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import _get_classes
 from mtp_fixture import TINY_QWEN35_MTP
+from vision_fixture import TINY_QWEN35_VISION
 
 from mlxserve.engine import recurrent_steps
 from mlxserve.engine.recurrent_steps import keep, recorded, records_steps
-from mlxserve.engine.rewind import rewind, roll_back, snapshot
+from mlxserve.engine.rewind import is_recurrent, rewind, roll_back, snapshot
+from mlxserve.engine.vision_rows import VisionBatchModel
 
 VOCAB = 97
 CONFIGS = {
@@ -47,6 +50,20 @@ def model_of(model_type: str):
     model = model_class(args_class.from_dict(config))
     mx.eval(model.parameters())
     return model
+
+
+def vision_model_of() -> VisionBatchModel:
+    """mlx-vlm's Qwen3.5 vision checkpoint (random weights), as the batch calls it."""
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    config = dict(TINY_QWEN35_VISION.config)
+    config["text_config"] = {**config["text_config"], "vocab_size": VOCAB}
+    module, _ = get_model_and_args(config)
+    model_config = module.ModelConfig.from_dict(config)
+    mx.random.seed(0)
+    model = module.Model(update_module_configs(model_config, module, config, ["text", "vision"]))
+    mx.eval(model.parameters())
+    return VisionBatchModel(model)
 
 
 def drift(model, seed: int, step: Step) -> float:
@@ -85,7 +102,21 @@ def verify_pass(model, caches, tokens, rng, record: bool = True) -> list[int]:
     assert steps is not None
     kept = [rng.randint(1, width) for _ in tokens]
     assert keep(caches, steps, kept) is record
-    roll_back([c for c in caches if not isinstance(c, ArraysCache)], [width - n for n in kept])
+    roll_back([c for c in caches if not is_recurrent(c)], [width - n for n in kept])
+    return kept
+
+
+def replayed_pass(model, caches, tokens, rng) -> list[int]:
+    """A pass not recorded (see RECORDED_MAX_BYTES), then, as SpeculativeBatch._replay:
+    the caches go back to where it began and each row takes its kept tokens again."""
+    width = len(tokens[0])
+    with recorded(caches, width) as steps:
+        model(mx.array(tokens), cache=caches)
+    assert steps is not None
+    kept = [rng.randint(1, width) for _ in tokens]
+    assert not keep(caches, steps, kept)
+    rows = [row[:n] for row, n in zip(tokens, kept, strict=True)]
+    rewind(model, caches, steps.snapshots, width, rows)
     return kept
 
 
@@ -109,6 +140,21 @@ def test_a_verify_pass_keeps_each_rows_state_after_its_last_kept_token(model_typ
     assert records_steps(model)
     for seed in range(6):
         assert drift(model, seed, verify_pass) < 1e-4, seed
+
+
+def test_a_vision_models_verify_pass_keeps_each_rows_state_after_its_last_kept_token():
+    """mlx-vlm's layers record through their caches' transactions, in one batched call
+    (its model would otherwise run left-padded rows one at a time, on new cache objects)."""
+    model = vision_model_of()
+    for seed in range(6):
+        assert drift(model, seed, verify_pass) < 1e-4, seed
+
+
+def test_a_vision_models_pass_past_the_memory_bound_is_taken_again(monkeypatch):
+    monkeypatch.setattr(recurrent_steps, "RECORDED_MAX_BYTES", 0)
+    model = vision_model_of()
+    for seed in range(3):
+        assert drift(model, seed, replayed_pass) < 1e-4, seed
 
 
 def test_a_pass_whose_convolution_was_not_shown_is_left_for_a_replay():
