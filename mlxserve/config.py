@@ -197,7 +197,7 @@ class ServerConfig:
     text_only: bool = setting(
         False,
         group=MODELS,
-        help="serve vision-language checkpoints that mlx-lm also loads (Qwen3.5 and 3.6 are published this way) as text models: drafting with their MTP head, images refused with a 400; without it they are served through mlx-vlm, batched like text, images taken, the head not used",
+        help="serve vision-language checkpoints that mlx-lm also loads (Qwen3.5 and 3.6 are published this way) as text models, images refused with a 400; without it they are served through mlx-vlm, batched like text, images taken, drafting with their MTP head all the same",
     )
     reasoning_format: str = setting(
         "separate",

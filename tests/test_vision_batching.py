@@ -85,7 +85,11 @@ FAMILIES = {
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request) -> Family:
-    fixture, end = FAMILIES[request.param]
+    return family_of(request, request.param)
+
+
+def family_of(request, name: str) -> Family:
+    fixture, end = FAMILIES[name]
     model = request.getfixturevalue(fixture)
     end_token = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(end)
     return Family(model, end_token)
@@ -230,6 +234,26 @@ def test_a_draft_model_drafts_beside_images(launch, family, library):
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
     assert counts[0] > counts[1] > 0
     assert (drafted_tokens(srv) - counts[0], accepted_drafts(srv) - counts[1]) == counts
+    assert replayed(srv) == 0
+
+
+def test_a_qwen35_checkpoint_drafts_with_its_mtp_head_beside_images(launch, request):
+    """Qwen3.5 is published with an MTP head (`mtp.*`, which mlx-vlm's loader drops): the
+    head drafts for image rows, alone and all at once beside text rows, and every row's
+    tokens are those mlx-vlm's generate_step gives (without the head)."""
+    family = family_of(request, "qwen3_5")
+    bodies = requests(family.end_token)
+    library = generate_alone(family, bodies)
+    flags = ("--prompt-cache-size", "0", "--speculation", "off")  # the head's drafts only
+    srv = launch(family.model, *flags, "--mtp", "on")
+    images = len(IMAGES)
+    alone = [reply(srv, body, streamed=False) for body in bodies[:images]]
+    assert srv.log_lines("Drafting with its Qwen3.5-layout MTP head for")
+    expected = library[:images]
+    assert all(same(a, b) for a, b in zip(alone, expected, strict=True)), (alone, expected)
+    assert drafted_tokens(srv) > accepted_drafts(srv) > 0  # image rows only, so far
+    batched = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
+    assert all(same(a, b) for a, b in zip(batched, library, strict=True)), (batched, library)
     assert replayed(srv) == 0
 
 

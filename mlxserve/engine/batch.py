@@ -45,7 +45,7 @@ from mlxserve.engine.speculative import (
     can_roll_back,
     speculate_in,
 )
-from mlxserve.engine.vision_rows import Encoder, VisionRow, batch_model
+from mlxserve.engine.vision_rows import Encoder, VisionHiddenCapture, VisionRow, batch_model
 from mlxserve.models.provider import LoadedModel
 from mlxserve.mtp.dflash import DFlashDrafter
 from mlxserve.mtp.hidden import HiddenCapture, splits_exactly
@@ -194,7 +194,9 @@ class BatchSession:
         # drafting from the model's hidden states
         self._head: Any = loaded.head if self._plan.head else None
         self._capture: Any = None
-        if self._head is not None:
+        if self._head is not None and loaded.spec.vision:
+            self._capture = VisionHiddenCapture(self._model)
+        elif self._head is not None:
             self._capture = HiddenCapture(loaded.model, self._head.reads)
             if self._adapters is not None:
                 self._capture = AdapterRowsModel(self._capture, self._adapters)
@@ -263,7 +265,8 @@ class BatchSession:
             head=head.name if head is not None else None,
             head_asked=head is not None and head.reads is not None,  # an EAGLE-3 drafter
             rolls_back=can_roll_back(make_prompt_cache(self._model)),
-            head_splits=head is not None and splits_exactly(loaded.model),
+            # a vision model's capture reads the hidden states its output head reads
+            head_splits=head is not None and (loaded.spec.vision or splits_exactly(loaded.model)),
             kv_quantized=bool(limits.kv_bits),
             lockstep=self._traced,
             draft_tokens=draft_tokens,
@@ -677,10 +680,15 @@ class BatchSession:
                 continue
             tokens_now = job.prompt[start:stop]  # tokens, not the image keys in hit.rest
             chunk = mx.array(tokens_now)[None]
+            following = job.prompt[start + 1 : stop + 1]  # each position's next token
             if admitted.vision is not None:
-                admitted.vision.process(self._model, tokens_now, start, hit.cache)
+                hidden = admitted.vision.process(
+                    self._model, tokens_now, start, hit.cache, hidden=self._head is not None
+                )
+                if hidden is not None:
+                    self._head_entries(hit, hidden, following)
             elif self._head is not None:
-                self._head_prefill(hit, count)
+                self._head_prefill(hit, count, following)
             else:
                 self._model(chunk, cache=hit.cache[: self._layers])
             if self._loaded.draft_model is not None:
@@ -690,19 +698,22 @@ class BatchSession:
             if stop in marks:
                 self._checkpoint(admitted)
 
-    def _head_prefill(self, hit: CacheHit, count: int) -> None:
+    def _head_prefill(self, hit: CacheHit, count: int, following: list[int]) -> None:
         """Process the next `count` prompt tokens into the model's caches and the head
-        drafter's: its entry at each position pairs the model's hidden state there with
-        the token after it (the rest of the prompt always holds one: the batch takes the
-        last); a DFlash drafter's is the context at each position."""
+        drafter's (`_head_entries`)."""
         assert self._capture is not None
         self._capture(mx.array(hit.rest[:count])[None], cache=hit.cache[: self._layers])
-        hidden = cast(mx.array, self._capture.hidden)
+        self._head_entries(hit, cast(mx.array, self._capture.hidden), following)
+
+    def _head_entries(self, hit: CacheHit, hidden: mx.array, following: list[int]) -> None:
+        """The head drafter's entries for prompt positions whose model's hidden states
+        are `hidden`: each pairs the hidden state with the token after it (`following`;
+        the rest of the prompt always holds one: the batch takes the last); a DFlash
+        drafter's is the context at each position."""
         if isinstance(self._head, DFlashDrafter):
             self._head.take(hidden, hit.cache[self._layers :])
             return
-        following = mx.array(hit.rest[1 : count + 1])[None]
-        self._head(following, hidden[:, : following.shape[1]], hit.cache[self._layers :])
+        self._head(mx.array(following)[None], hidden, hit.cache[self._layers :])
 
     def _checkpoint(self, admitted: _Admitted) -> None:
         """Keep a copy of the cache as it is, holding the prompt processed so far."""

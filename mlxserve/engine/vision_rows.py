@@ -162,27 +162,47 @@ class VisionBatchModel:
         return [*caches, RopeDeltas()] if self.mrope else caches
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> Any:
-        """Logits for `inputs` continuing each row's cache; a Qwen-VL row's tokens sit at
-        its cache offset plus its RoPE delta."""
+        """Logits for `inputs` continuing each row's cache."""
+        return self.outputs(inputs, cache, **kwargs).logits
+
+    def outputs(self, inputs: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> Any:
+        """The language model's outputs for `inputs` continuing each row's cache (logits,
+        and the final hidden states where `return_hidden` asks); a Qwen-VL row's tokens
+        sit at its cache offset plus its RoPE delta."""
         if cache is None:
-            return self.language_model(inputs, **kwargs).logits
+            return self.language_model(inputs, **kwargs)
         count = self.layers_count
         layers = cache[:count]
         kwargs.update(batched_pass_kwargs(self.language_model, inputs))
-        if not self.mrope:
-            logits = self.language_model(inputs, cache=layers, **kwargs).logits
-            cache[:count] = layers  # mlx-vlm's per-row paths replace entries of the list
-            return logits
-        deltas = cache[count]
-        offset = next(c.offset for c in layers if hasattr(c, "offset"))  # per row, batched
-        offsets = offset if isinstance(offset, mx.array) else mx.array([offset])
-        rows, length = inputs.shape
-        start = offsets.reshape(-1, 1) + deltas.deltas
-        positions = start + mx.arange(length)[None]
-        kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
-        logits = self.language_model(inputs, cache=layers, **kwargs).logits
-        cache[:count] = layers
-        return logits
+        if self.mrope:
+            deltas = cache[count]
+            offset = next(c.offset for c in layers if hasattr(c, "offset"))  # per row, batched
+            offsets = offset if isinstance(offset, mx.array) else mx.array([offset])
+            rows, length = inputs.shape
+            start = offsets.reshape(-1, 1) + deltas.deltas
+            positions = start + mx.arange(length)[None]
+            kwargs["position_ids"] = mx.broadcast_to(positions[None], (3, rows, length))
+        outputs = self.language_model(inputs, cache=layers, **kwargs)
+        cache[:count] = layers  # mlx-vlm's per-row paths replace entries of the list
+        return outputs
+
+
+class VisionHiddenCapture:
+    """A vision model as the batch calls it beside an MTP head (what `mtp.hidden`'s
+    HiddenCapture is for a text model): `hidden` holds the last call's final hidden
+    states (B x S x width), the ones its output head read, from the same pass."""
+
+    def __init__(self, model: VisionBatchModel):
+        self.inner = model
+        self.hidden: mx.array | None = None
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        outputs = self.inner.outputs(inputs, cache, return_hidden=True)
+        self.hidden = outputs.hidden_states[-1]
+        return outputs.logits
+
+    def make_cache(self) -> list[Any]:
+        return self.inner.make_cache()
 
 
 @dataclass
@@ -229,16 +249,27 @@ class VisionRow:
             cache[model.layers_count].deltas = deltas.reshape(1, 1).astype(mx.int32)
 
     def process(
-        self, model: VisionBatchModel, tokens: list[int], start: int, cache: list[Any]
-    ) -> None:
-        """Process `tokens`, the prompt's tokens from position `start`, into `cache`."""
+        self,
+        model: VisionBatchModel,
+        tokens: list[int],
+        start: int,
+        cache: list[Any],
+        hidden: bool = False,
+    ) -> mx.array | None:
+        """Process `tokens`, the prompt's tokens from position `start`, into `cache`; the
+        final hidden states at those positions if `hidden` (an MTP head's input)."""
         layers = cache[: model.layers_count]
         end = start + len(tokens)
         embeds = self.embeds[:, start:end] if self.embeds is not None else None
-        model.language_model(
-            mx.array(tokens)[None], inputs_embeds=embeds, cache=layers, **self.kwargs
+        outputs = model.language_model(
+            mx.array(tokens)[None],
+            inputs_embeds=embeds,
+            cache=layers,
+            **self.kwargs,
+            **({"return_hidden": True} if hidden else {}),
         )
         cache[: len(layers)] = layers  # mlx-vlm's per-row paths replace entries of the list
+        return outputs.hidden_states[-1] if hidden else None
 
 
 def _positions(model: VisionBatchModel, tokens: mx.array, images: Any) -> dict[str, Any]:

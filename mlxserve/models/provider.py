@@ -510,7 +510,8 @@ class ModelProvider:
                     "from the context (--speculation)."
                 )
             draft = load_model(spec.draft_path)[0] if spec.draft_path else None
-            return load_vision_model(spec.path, spec.adapter_path), draft, None
+            vision = load_vision_model(spec.path, spec.adapter_path)
+            return vision, draft, self._mtp_head(spec, vision) if draft is None else None
         model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
         if self._split is not None:
             self._split(model)
@@ -538,10 +539,10 @@ class ModelProvider:
         return model, draft, self._mtp_head(spec, model) if draft is None else None
 
     def _mtp_head(self, spec: ModelSpec, model: Any) -> Any | None:
-        """The checkpoint's MTP head, unless --mtp is off or the model is not a chat
-        model of a family whose head we read; a head that does not load is a warning (the
-        model is served without it)."""
-        if self.config.mtp == "off" or spec.kind != "chat" or spec.adapter_path:
+        """The checkpoint's MTP head, unless --mtp is off or the model is not a chat or
+        vision model of a family whose head we read; a head that does not load is a
+        warning (the model is served without it)."""
+        if self.config.mtp == "off" or not spec.model_kind.generative or spec.adapter_path:
             return None
         try:
             head = load_head(model, spec.path)

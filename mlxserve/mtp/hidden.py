@@ -21,7 +21,7 @@ def readout(model: Any) -> Any:
     """The model's output head: hidden states -> logits, as its `__call__` applies it."""
     language = getattr(model, "language_model", model)
     head = getattr(language, "lm_head", None)
-    return head if head is not None else model.model.embed_tokens.as_linear
+    return head if head is not None else language.model.embed_tokens.as_linear
 
 
 def splits_exactly(model: Any) -> bool:

@@ -33,9 +33,12 @@ class Family:
 
 
 def _qwen3_5_layer(args: Any, index: int) -> nn.Module:
-    from mlx_lm.models.qwen3_5 import DecoderLayer
+    """mlx-lm's layer, with mlx-lm's arguments made from the model's (a vision
+    checkpoint's language model, loaded by mlx-vlm, has mlx-vlm's: the same fields, less
+    what mlx-lm derives from them)."""
+    from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
 
-    return DecoderLayer(args, index)
+    return DecoderLayer(TextModelArgs.from_dict(vars(args)), index)
 
 
 def _qwen3_next_layer(args: Any, index: int) -> nn.Module:
@@ -121,12 +124,13 @@ def load_head(model: Any, folder: Path) -> MTPHead | None:
 def new_head(model: Any, family: Family) -> MTPHead:
     """An untrained head of `family`'s layout for `model` (its weights to be loaded)."""
     args = model_args(model)
+    language = getattr(model, "language_model", model)  # a vision checkpoint's: its text
     return MTPHead(
         family.layout,
         family.layer(args, family.slot(args)),
         args.hidden_size,
         args.rms_norm_eps,
-        model.model.embed_tokens,
+        language.model.embed_tokens,
         readout(model),
         family.array_mask,
     )
