@@ -21,11 +21,14 @@ import copy
 import itertools
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
+
+from mlxserve.engine.recurrent_steps import keep, recorded
 
 ACCEPTANCE_MEMORY = 0.8  # the weight of a row's earlier passes against its last one
 LONGEST_REST = 32  # the most steps a row that drafts nothing waits before trying again
@@ -156,7 +159,9 @@ def verify_cost(
 ) -> float:
     """How many single-token steps one forward pass over `width` tokens costs on this
     device (1: free where memory bandwidth bounds decoding; `width`: no gain possible),
-    with a drafter's guesses for it (`drafting`), if given."""
+    with a drafter's guesses for it (`drafting`), if given. A pass over several tokens is
+    timed as a verify pass runs: a hybrid model's recurrent layers keeping their state at
+    each position (`recurrent_steps`), which costs more than the plain pass."""
 
     def timed(tokens: int) -> float:
         best = float("inf")
@@ -164,7 +169,12 @@ def verify_cost(
             cache = make_prompt_cache(model)
             mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache=cache))
             start = time.perf_counter()
-            mx.eval(model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache))
+            as_verified = recorded(cache, tokens) if tokens > 1 else nullcontext()
+            with as_verified as steps:
+                logits = model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache)
+            if steps is not None:
+                keep(cache, steps, [tokens])
+            mx.eval(logits, [c.state for c in cache])
             best = min(best, time.perf_counter() - start)
         return best
 

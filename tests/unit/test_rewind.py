@@ -27,7 +27,7 @@ from mlx_lm.utils import _get_classes
 from mtp_fixture import TINY_QWEN35_MTP
 from vision_fixture import TINY_QWEN35_VISION
 
-from mlxserve.engine import recurrent_steps
+from mlxserve.engine import draft_costs, recurrent_steps
 from mlxserve.engine.recurrent_steps import keep, recorded, records_steps
 from mlxserve.engine.rewind import is_recurrent, rewind, roll_back, snapshot
 from mlxserve.engine.vision_rows import VisionBatchModel
@@ -155,6 +155,25 @@ def test_a_vision_models_pass_past_the_memory_bound_is_taken_again(monkeypatch):
     model = vision_model_of()
     for seed in range(3):
         assert drift(model, seed, replayed_pass) < 1e-4, seed
+
+
+@pytest.mark.parametrize("vision", [False, True])
+def test_a_verify_pass_is_timed_as_recorded(monkeypatch, vision):
+    """`draft_costs.verify_cost` times a pass over several tokens as the batch runs it:
+    a hybrid model's recurrent layers recording every position (which costs otherwise:
+    mlx-vlm's Qwen3.5 on this CPU, 1.5 steps recorded against 7 for its plain pass)."""
+    model = vision_model_of() if vision else model_of("qwen3_5")
+    if not vision:  # mlx-vlm's layers record through their caches
+        records_steps(model)
+    timed = []
+
+    def spied(caches, steps, kept):
+        timed.append((bool(steps.transactions or steps.layers), kept))
+        return keep(caches, steps, kept)
+
+    monkeypatch.setattr(draft_costs, "keep", spied)
+    draft_costs.verify_cost(model, 4)
+    assert timed == [(True, [4]), (True, [4])]  # twice: the best of two timings
 
 
 def test_a_pass_whose_convolution_was_not_shown_is_left_for_a_replay():
