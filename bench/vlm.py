@@ -125,9 +125,11 @@ def run(target: Target, streams: int, image: bool, logit_bias: dict) -> dict[str
 
 def fairness(target: Target, tokenizer, logit_bias: dict) -> dict[str, float]:
     """A stream's longest gap while a large image prompt is processed beside it, and
-    while a text prompt of as many tokens is."""
+    while a text prompt of as many tokens is (its words fresh each call, as the image is:
+    the prompt cache must not hold it)."""
     image = messages(True, LARGE_IMAGE)
-    words = " ".join(f"note{i}" for i in range(LARGE_IMAGE_TOKENS))
+    first = _noise.randrange(10**6)
+    words = " ".join(f"note{first + i}" for i in range(LARGE_IMAGE_TOKENS))
     while len(tokenizer.encode(words)) > LARGE_IMAGE_TOKENS:
         words = words.rsplit(" ", 1)[0]
     text = [{"role": "user", "content": f"{words} {QUESTION}"}]

@@ -16,6 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxserve.wrapped_layer import WrappedLayer
+
 
 def readout(model: Any) -> Any:
     """The model's output head: hidden states -> logits, as its `__call__` applies it."""
@@ -41,26 +43,16 @@ class _Sink:
     output: Any = None
 
 
-class _Recording(nn.Module):
-    """A layer of the model that keeps its last output; anything else asked of it is the
-    layer's (families read attributes of their layers, such as `is_linear`)."""
+class _Recording(WrappedLayer):
+    """A layer of the model that keeps its last output."""
 
     def __init__(self, layer: nn.Module):
-        super().__init__()
-        self.layer = layer
+        super().__init__(layer)
         self.sink = _Sink()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.sink.output = self.layer(*args, **kwargs)
         return self.sink.output
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if "layer" not in self:  # still being built
-                raise
-            return getattr(self["layer"], name)
 
 
 def _recording(model: Any, index: int) -> _Sink:

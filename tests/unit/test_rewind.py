@@ -25,7 +25,7 @@ from hybrid_fixture import TINY_HYBRID, TINY_SLIDING
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import _get_classes
 from mtp_fixture import TINY_QWEN35_MTP
-from vision_fixture import TINY_QWEN35_VISION
+from vision_fixture import TINY_QWEN35_VISION, new_model
 
 from mlxserve.engine import draft_costs, recurrent_steps
 from mlxserve.engine.recurrent_steps import keep, recorded, records_steps
@@ -54,14 +54,9 @@ def model_of(model_type: str):
 
 def vision_model_of() -> VisionBatchModel:
     """mlx-vlm's Qwen3.5 vision checkpoint (random weights), as the batch calls it."""
-    from mlx_vlm.utils import get_model_and_args, update_module_configs
-
     config = dict(TINY_QWEN35_VISION.config)
     config["text_config"] = {**config["text_config"], "vocab_size": VOCAB}
-    module, _ = get_model_and_args(config)
-    model_config = module.ModelConfig.from_dict(config)
-    mx.random.seed(0)
-    model = module.Model(update_module_configs(model_config, module, config, ["text", "vision"]))
+    model = new_model(config)
     mx.eval(model.parameters())
     return VisionBatchModel(model)
 
