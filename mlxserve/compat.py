@@ -171,16 +171,6 @@ def batched_pass_kwargs(language_model: Any, inputs: Any) -> dict[str, Any]:
     return {"capture_layer_ids": []} if splits and inputs.shape[1] > 1 else {}
 
 
-def vision_recurrent_caches() -> type[Any]:
-    """mlx-vlm's recurrent-state cache: its layers keep their states through it
-    (`update_recurrent`, `update_window`), which records each position's while a
-    speculation transaction is open (`start_speculation`, `commit_speculation` with each
-    row's kept length, `abort_speculation`)."""
-    from mlx_vlm.models.cache import ArraysCache
-
-    return ArraysCache
-
-
 def roll_back_window(cache: Any, shared: int, rest: list[int]) -> None:
     """Take the positions rows did not keep out of a BatchRotatingKVCache (a sliding
     window): `shared` from every row, `rest[i]` more from row i.

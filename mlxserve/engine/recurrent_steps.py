@@ -29,12 +29,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
+from mlx_vlm.models.cache import ArraysCache as VisionArrays
 
-from mlxserve.compat import (
-    gated_delta_layers,
-    route_gated_delta_updates,
-    vision_recurrent_caches,
-)
+from mlxserve.compat import gated_delta_layers, route_gated_delta_updates
 from mlxserve.engine.rewind import Snapshot, snapshot
 
 
@@ -119,12 +116,14 @@ def recorded(caches: list[Any], width: int) -> Iterator[PassSteps | None]:
     where they would pass RECORDED_MAX_BYTES the pass is not recorded, and rows that reject
     part of their draft take their kept tokens again (`keep` declines)."""
     ours = [c for c in caches if isinstance(c, ArraysCache)]
-    theirs = [c for c in caches if isinstance(c, vision_recurrent_caches())]
+    theirs = [c for c in caches if isinstance(c, VisionArrays)]
     if not ours and not theirs:
         yield None
         return
     steps = PassSteps(snapshots=[snapshot(c) for c in caches])
-    held = width * sum(c[1].nbytes for c in [*ours, *theirs] if c[1] is not None)
+    recurrent: list[Any] = [*ours, *theirs]
+    states = [c.cache[1] for c in recurrent]
+    held = width * sum(state.nbytes for state in states if state is not None)
     recording = held <= RECORDED_MAX_BYTES
     if recording:
         for cache in theirs:

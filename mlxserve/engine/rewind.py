@@ -17,8 +17,9 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, BatchRotatingKVCache
+from mlx_vlm.models.cache import ArraysCache as VisionArrays
 
-from mlxserve.compat import copied, roll_back_window, vision_recurrent_caches, window_state
+from mlxserve.compat import copied, roll_back_window, window_state
 
 # What `snapshot` keeps of a cache: see there.
 Snapshot = tuple | None
@@ -27,7 +28,7 @@ Snapshot = tuple | None
 def is_recurrent(cache: Any) -> bool:
     """Whether a batch cache is a recurrent layer's state (mlx-lm's or mlx-vlm's), which
     cannot be trimmed: a pass's records or a replay take it back."""
-    return isinstance(cache, (ArraysCache, vision_recurrent_caches()))
+    return isinstance(cache, (ArraysCache, VisionArrays))
 
 
 def roll_back(caches: list[Any], unkept: list[int]) -> None:
@@ -58,13 +59,13 @@ def snapshot(cache: Any) -> Snapshot:
         return window_state(cache)
     if isinstance(cache, ArraysCache):
         return (list(cache.cache), *copied((cache.left_padding, cache.lengths)))
-    if isinstance(cache, vision_recurrent_caches()):
+    if isinstance(cache, VisionArrays):
         return tuple(cache.cache)
     return None
 
 
 def _restore(cache: Any, state: tuple) -> None:
-    if isinstance(cache, vision_recurrent_caches()):
+    if isinstance(cache, VisionArrays):
         cache.cache = list(state)
     else:
         cache.state = state

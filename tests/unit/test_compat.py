@@ -119,13 +119,9 @@ def test_gated_delta_layers_convolve_and_recur_as_recorded():
 
 def test_mlx_vlm_qwen3_5_stays_batched_when_asked_for_hidden_states():
     """`compat.batched_pass_kwargs`: its model splits a left-padded pass into rows unless
-    a hidden-state sink is given, which its language model makes from `capture_layer_ids`;
-    its recurrent caches keep a speculation transaction (`engine/recurrent_steps`)."""
+    a hidden-state sink is given, which its language model makes from `capture_layer_ids`."""
     from mlx_vlm.models.qwen3_5.language import LanguageModel, Qwen3_5Model
 
     assert "hidden_sink is None" in inspect.getsource(Qwen3_5Model.__call__)
     language = inspect.getsource(LanguageModel.__call__)
     assert "[] if capture_layer_ids is not None else None" in language
-    cache = compat.vision_recurrent_caches()
-    for name in ("start_speculation", "commit_speculation", "abort_speculation"):
-        assert callable(getattr(cache, name)), name
