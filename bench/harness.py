@@ -97,6 +97,7 @@ class Target:
             command += ["--speculation", "off"]
         self.process = subprocess.Popen(
             command,
+            stdin=subprocess.PIPE if ranks > 1 else None,  # not /dev/null: docs/distributed.md
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=ranks > 1,

@@ -98,7 +98,9 @@ def start_server(
     """Start `python -m mlxserve` on a free port and wait until it says it is ready.
     `preexec` runs in the child before it starts (to set resource limits). `ranks` > 1:
     as a distributed server, `mlx.launch --backend ring` on this machine, the launcher
-    and its ranks in a process group of their own."""
+    and its ranks in a process group of their own, its input an open pipe never written:
+    mlx.launch (0.32.4) can hang at a SIGINT when its input is always readable, as
+    `/dev/null` is (docs/distributed.md)."""
     command = [sys.executable, "-m", "mlxserve", "--model", str(model), "--port", "0", *args]
     if ranks > 1:
         bin_dir = Path(sys.executable).parent
@@ -107,6 +109,7 @@ def start_server(
         command = [*launcher, str(bin_dir / "mlxserve"), *command[3:]]
     process = subprocess.Popen(
         command,
+        stdin=subprocess.PIPE if ranks > 1 else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
