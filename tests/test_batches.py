@@ -339,6 +339,8 @@ def test_batch_rows_pause_while_an_interactive_stream_runs(
     lines = long_lines(model, 6, max_tokens=400)
     batch = submit(sdk, lines)
     until(lambda: running(srv) >= 2, 0.01)  # both slots are batch rows
+    # and one at least is past mlx-lm's prompt stage (the status counts batch tokens)
+    until(lambda: srv.get("/v1/status")[2]["tokens_per_second"] > 0, 0.01)
     body = {**endless(model, max_tokens=300), "temperature": 0}
     conn, response = open_stream(srv.url, CHAT, {**body, "stream": True})
     assert response.status == 200

@@ -91,10 +91,10 @@ def rank_pid(srv, rank: int) -> int:
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited
+            return stat.read().split(") ")[1][0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):  # (reaped between the two)
         return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited
-        return stat.read().split(") ")[1][0] != "Z"
 
 
 def test_the_ranks_split_the_model_by_tensor_parallelism(pair):

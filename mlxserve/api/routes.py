@@ -177,7 +177,9 @@ class Routes:
         # Batch lines run through the endpoints a client's request of their kind takes.
         lines = {path: self.post[path] for path in (*BATCH_ENDPOINTS, MESSAGES)}
         outputs: dict[str, Outputs] = {"openai": output_files}
-        keeper = BatchKeeper(self.service.config, lines, self.errors, outputs, self.keys)
+        keeper = BatchKeeper(
+            self.service.config, lines, self.errors, outputs, self.keys, self.activity.token
+        )
         self.batch_keeper = keeper
         self.status = StatusEndpoint(self.service, self.activity, keeper, self.keys)
         self.batches = BatchRoutes(

@@ -21,7 +21,13 @@ CHAT = "/v1/chat/completions"
 def run_until(store: BatchStore, batch_id: str, endpoint, status: str) -> None:
     keys = KeyGate(store.path.with_name("keys.sqlite"), None, create=False)  # no keys
     runner = BatchRunner(
-        store, {CHAT: endpoint}, lambda path: error_reply, {"openai": output_files}, 2, keys
+        store,
+        {CHAT: endpoint},
+        lambda path: error_reply,
+        {"openai": output_files},
+        2,
+        keys,
+        lambda at: None,
     )
     runner.start()
     try:

@@ -30,8 +30,12 @@ class BatchKeeper:
         errors: Callable[[str], ErrorRenderer],
         outputs: dict[str, Outputs],
         keys: KeyGate,
+        on_token: Callable[[float], None],
     ):
+        """`on_token`: told the time of each token a line generates (the status page's
+        tokens per second count batch work too)."""
         self.config = config
+        self._on_token = on_token
         self._keys = keys
         self.path: Path = config.batch_db or cache_root() / STORE_NAME
         self._endpoints = endpoints
@@ -72,6 +76,7 @@ class BatchKeeper:
                 self._outputs,
                 self.config.max_concurrent,
                 self._keys,
+                self._on_token,
             )
             runner.start()
             self._store, self._runner = store, runner

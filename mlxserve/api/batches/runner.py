@@ -92,17 +92,19 @@ class BatchRunner:
         outputs: dict[str, Outputs],
         concurrency: int,
         keys: KeyGate,
+        on_token: Callable[[float], None],
     ):
         """`endpoints`: by path, what runs a line; `errors`: a path's error shape;
         `outputs`: by dialect, the result files an ended batch gets; `concurrency`: most
         lines running at once (the batch's decode slots); `keys`: who a line runs as (its
-        batch's owner), charged its usage."""
+        batch's owner), charged its usage; `on_token`: told each generated token's time."""
         self._store = store
         self._endpoints = endpoints
         self._errors = errors
         self._outputs = outputs
         self._concurrency = concurrency
         self._keys = keys
+        self._on_token = on_token
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="batch-line")
         self._running: set[tuple[str, int]] = set()
         self._not_before: dict[tuple[str, int], float] = {}
@@ -190,7 +192,8 @@ class BatchRunner:
     def _answer(self, line: LineRecord) -> tuple[Answer | None, RequestRecord]:
         """The line's request through its endpoint (None where it must run again), and
         what it cost."""
-        record = RequestRecord(line.request_id, "POST", f"{line.url} (batch {line.batch_id})")
+        target = f"{line.url} (batch {line.batch_id})"
+        record = RequestRecord(line.request_id, "POST", target, on_token=self._on_token)
         with recording(record):
             answer = self._reply(line)
             if answer is not None:
