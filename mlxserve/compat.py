@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-
-from mlxserve.values import as_int
 
 # The state of mlx-lm's GenerationBatch that the speculative batches read and write, only
 # through GenerationBatchAdapter below: the next tokens and their logprobs, started before
@@ -92,26 +89,9 @@ def settle(generator: Any) -> None:
         mx.eval(batch._next_tokens, batch._next_logprobs)
 
 
-@dataclass(frozen=True)
-class RowState:
-    """What a row of a generation batch holds beside its caches: the token it sampled
-    last (computed, not in the caches yet) and its logprobs, its sampler and logits
-    processors."""
-
-    pending: int
-    logprobs: mx.array
-    sampler: Any
-    processors: list[Any]
-
-
-def row_state(batch: GenerationBatch, row: int) -> RowState:
-    """A row's state (of mlx-lm's batch or one of ours built on it), read between steps."""
-    return RowState(
-        as_int(batch._next_tokens[row]),
-        batch._next_logprobs[row],
-        (batch.samplers or [])[row] if batch.samplers else None,
-        list(batch.logits_processors[row] or []) if batch.logits_processors else [],
-    )
+def empty_like(batch: GenerationBatch) -> GenerationBatch:
+    """An empty generation batch of `batch`'s class, on its model and fallback sampler."""
+    return type(batch).empty(batch.model, batch.fallback_sampler)
 
 
 def mend_window_masks() -> None:

@@ -319,6 +319,19 @@ def test_cancel_ends_running_lines_and_reports_the_rest(batched, tiny_model):
     assert_error(batched.post(f"/v1/batches/{batch.id}/cancel", {}), 400, code="invalid_state")
 
 
+def decoding_batch(launch, model, tmp_path, count: int, max_tokens: int, *flags: str):
+    """A server with two decode slots, both held by rows of a batch of `count` long lines,
+    one at least past mlx-lm's prompt stage (the status counts batch tokens): (server,
+    SDK client, lines, batch)."""
+    srv = launch(model, "--batch-db", str(tmp_path / "b.sqlite"), "--max-concurrent", "2", *flags)
+    sdk = client(srv)
+    lines = long_lines(model, count, max_tokens=max_tokens)
+    batch = submit(sdk, lines)
+    until(lambda: running(srv) >= 2, 0.01)
+    until(lambda: srv.get("/v1/status")[2]["tokens_per_second"] > 0, 0.01)
+    return srv, sdk, lines, batch
+
+
 @pytest.mark.parametrize(
     "fixture, flags",
     [("tiny_model", ()), ("wide_heads_model", ("--kv-bits", "8", "--kv-group-size", "32"))],
@@ -333,14 +346,7 @@ def test_batch_rows_pause_while_an_interactive_stream_runs(
     caches here) it gives its slot up and starts over later. Each line's reply equals
     the request alone either way."""
     model = request.getfixturevalue(fixture)
-    db = str(tmp_path / "b.sqlite")
-    srv = launch(model, "--batch-db", db, "--max-concurrent", "2", *flags)
-    sdk = client(srv)
-    lines = long_lines(model, 6, max_tokens=400)
-    batch = submit(sdk, lines)
-    until(lambda: running(srv) >= 2, 0.01)  # both slots are batch rows
-    # and one at least is past mlx-lm's prompt stage (the status counts batch tokens)
-    until(lambda: srv.get("/v1/status")[2]["tokens_per_second"] > 0, 0.01)
+    srv, sdk, lines, batch = decoding_batch(launch, model, tmp_path, 6, 400, *flags)
     body = {**endless(model, max_tokens=300), "temperature": 0}
     conn, response = open_stream(srv.url, CHAT, {**body, "stream": True})
     assert response.status == 200
@@ -369,6 +375,56 @@ def test_batch_rows_pause_while_an_interactive_stream_runs(
         assert started_over == paused
     else:  # rows past their prompt pause; one still in mlx-lm's prompt stage starts over
         assert started_over < paused
+
+
+def test_paused_batch_rows_go_on_when_the_stream_beside_them_is_dropped(
+    launch, tiny_model, tmp_path
+):
+    """A client that drops its stream (an editor cancelling) while batch rows are paused:
+    the rows rejoin once the dropped row is gone, and every line's reply still equals the
+    request alone."""
+    srv, sdk, lines, batch = decoding_batch(launch, tiny_model, tmp_path, 2, 120)
+    conn, response = open_stream(
+        srv.url, CHAT, {**endless(tiny_model, max_tokens=2000), "stream": True}
+    )
+    for _ in range(4):
+        response.readline()
+    conn.close()
+    done = wait_ended(sdk, batch.id)
+    output = entries(sdk, done.output_file_id)
+    assert [e["custom_id"] for e in output] == [line["custom_id"] for line in lines]
+    for entry, line in zip(output, lines, strict=True):
+        assert entry["response"]["body"]["choices"] == alone(srv, line["body"])["choices"]
+    assert srv.log_lines("2 batch rows pause while interactive work runs", timeout=0)
+
+
+def test_a_batch_cancelled_while_its_rows_are_paused_ends_cleanly(launch, tiny_model, tmp_path):
+    """Cancelled while an interactive stream holds the batch's paused rows aside: the
+    paused lines end as batch_cancelled (each custom_id once), the stream is untouched,
+    and nothing of the paused rows is left behind (a later request runs alone, exactly)."""
+    srv, sdk, lines, batch = decoding_batch(launch, tiny_model, tmp_path, 4, 400)
+    body = {**endless(tiny_model, max_tokens=200), "temperature": 0}
+    conn, response = open_stream(srv.url, CHAT, {**body, "stream": True})
+    response.readline()  # the batch rows have paused
+    assert sdk.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    chunks = [
+        json.loads(line[6:])
+        for raw in response
+        if (line := raw.decode().strip()).startswith("data: {")
+    ]
+    conn.close()
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert streamed == alone(srv, body)["choices"][0]["message"]["content"]
+    done = wait_ended(sdk, batch.id)
+    assert done.status == "cancelled"
+    output, errors = entries(sdk, done.output_file_id), entries(sdk, done.error_file_id)
+    ids = [e["custom_id"] for e in output + errors]
+    assert sorted(ids) == sorted(line["custom_id"] for line in lines)
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    until(lambda: running(srv) == 0)
+    status = srv.get("/v1/status")[2]
+    assert status["requests"] == {"running": 0, "waiting": 0}
+    assert status["memory"]["kv_cache_bytes"] == 0, status["memory"]
 
 
 def test_a_model_served_one_request_at_a_time_serves_interactive_first(

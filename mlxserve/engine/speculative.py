@@ -46,7 +46,12 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from mlxserve.compat import GenerationBatchAdapter, install_generation_batch, mend_window_masks
+from mlxserve.compat import (
+    GenerationBatchAdapter,
+    empty_like,
+    install_generation_batch,
+    mend_window_masks,
+)
 from mlxserve.engine.draft_costs import Acceptance, DraftCosts, PaidLength
 from mlxserve.engine.draft_guide import DraftGuide
 from mlxserve.engine.recurrent_steps import PassSteps, keep, recorded
@@ -208,6 +213,13 @@ class SpeculativeBatch(GenerationBatchAdapter):
         self.counts = SpeculationCounts()
         self.layers: int | None = None  # the model's caches: the first `layers` (None: all)
         self._drafters: dict[int, NgramDrafter] = {}
+
+    def empty_sibling(self) -> SpeculativeBatch:
+        """An empty batch that drafts as this one does, its counts shared."""
+        sibling = cast(SpeculativeBatch, empty_like(self))
+        sibling.max_draft, sibling.costs, sibling.layers = self.max_draft, self.costs, self.layers
+        sibling.counts = self.counts
+        return sibling
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:

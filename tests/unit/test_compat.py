@@ -78,22 +78,45 @@ def test_a_token_context_is_read_without_changing_it():
     assert context.update_and_fetch(mx.array([6])).tolist() == [3, 4, 5, 6]
 
 
-def test_a_rows_state_is_read_between_steps(tiny_model):
-    """What parking an idle-priority row reads (engine/batch.py): the pending token and
-    its logprobs, the row's sampler and processors, from a running mlx-lm batch."""
+@pytest.mark.parametrize("rejoins", ["in place", "beside a running row"])
+def test_a_batch_set_aside_goes_on_where_it_stopped(tiny_model, rejoins):
+    """What parking idle-priority rows does (engine/batch.py): mlx-lm's batch set aside
+    whole for an empty one of its class while another row runs, then back in place (or,
+    if that row still runs, joined to it). Its rows' tokens are those of a run never set
+    aside, and its own cache extraction still reads a row's tokens and caches."""
     from mlx_lm import load
 
     model, _ = load(str(tiny_model))
-    generator = BatchGenerator(model)
-    sampler = make_sampler()
-    generator.insert([[1, 2, 3]], max_tokens=[8], samplers=[sampler], logits_processors=[[]])
-    generator.next()
-    generator.next()
-    batch = compat.generation_batch(generator)
-    state = compat.row_state(batch, 0)
-    assert isinstance(state.pending, int) and state.logprobs.ndim == 1
-    assert state.sampler is sampler and state.processors == []
-    assert batch.tokens[0][:3] == [1, 2, 3]
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+
+    def run(aside_at: int | None) -> dict[int, list[int]]:
+        generator = BatchGenerator(model, stop_tokens=[[-1]])
+        uids = generator.insert(prompts, max_tokens=[12, 12])
+        tokens: dict[int, list[int]] = {uid: [] for uid in uids}
+        for step in range(40):
+            if step == aside_at:
+                parked = compat.generation_batch(generator)
+                sibling = compat.empty_like(parked)
+                assert type(sibling) is type(parked) and not sibling.uids
+                compat.install_generation_batch(generator, sibling)
+                (other,) = generator.insert([[9, 10, 11]], max_tokens=[30])
+                while not sibling.uids:  # the other row's prompt, then its first step
+                    generator.next()
+                assert parked.tokens[0][:4] == prompts[0]
+                assert len(parked.extract_cache(1)) == len(parked.prompt_cache)
+                if rejoins == "in place":
+                    generator.remove([other])
+                    compat.install_generation_batch(generator, parked)
+                else:
+                    sibling.extend(parked)
+            for r in generator.next()[1]:
+                if r.uid in tokens:
+                    tokens[r.uid].append(r.token)
+        generator.close()
+        return tokens
+
+    assert run(aside_at=5) == run(aside_at=None)
+    assert all(len(t) == 12 for t in run(aside_at=5).values())
 
 
 def test_qwen_vl_keeps_positions_where_they_are_forgotten():
