@@ -366,10 +366,11 @@ class BatchSession:
         return 0 if self._interactive() else self._limits.decode - len(self)
 
     def jobs(self) -> list[GenerationJob]:
+        parked = self._parked.sequences.values() if self._parked is not None else ()
         return (
             [s.job for s in self._sequences.values()]
             + [job for a in self._admitted for job in a.jobs]
-            + [s.job for s in (self._parked.sequences.values() if self._parked else ())]
+            + [s.job for s in parked]
         )
 
     def fits(self, jobs: list[GenerationJob], room: int | None) -> bool:

@@ -215,7 +215,9 @@ class SpeculativeBatch(GenerationBatchAdapter):
         self._drafters: dict[int, NgramDrafter] = {}
 
     def empty_sibling(self) -> SpeculativeBatch:
-        """An empty batch that drafts as this one does, its counts shared."""
+        """An empty batch that drafts from the context as this one does, its counts shared
+        (what interactive work runs in while idle-priority rows are set aside; the drafter
+        subclasses' rows are never set aside: `BatchSession._parks`)."""
         sibling = cast(SpeculativeBatch, empty_like(self))
         sibling.max_draft, sibling.costs, sibling.layers = self.max_draft, self.costs, self.layers
         sibling.counts = self.counts
