@@ -522,7 +522,7 @@ class BatchSession:
 
     def _resume_parked(self) -> None:
         """Parked rows go on where they stopped: their batch back in place, or joined to
-        the rows that run now (idle-priority ones, which took only free slots)."""
+        the rows still in the batch then (say, a dropped row not yet removed)."""
         if self._parked is None:
             return
         parked, self._parked = self._parked, None
@@ -543,13 +543,13 @@ class BatchSession:
         for row, uid in enumerate(batch.uids):
             sequence = sequences[uid]
             job = sequence.job
-            if not job.cancelled.is_set() and job.finish_requested.is_set():
+            if not job.cancelled.is_set() and not job.finish_requested.is_set():
+                keep.append(row)
+                continue
+            if not job.cancelled.is_set():  # its client has what it wants
                 key = sequence.key_tokens(batch.tokens[row])
                 self._cache.store(sequence.key, key, batch.extract_cache(row))
                 sequence.output.finish("stop")
-            elif not job.cancelled.is_set():
-                keep.append(row)
-                continue
             del sequences[uid]
         if len(keep) < len(batch.uids):
             batch.filter(keep)
