@@ -290,14 +290,17 @@ def test_a_follow_up_turn_is_served_from_the_disk_tier_after_a_restart(
     launch, family, tmp_path: Path
 ):
     """The image turn's cache goes to disk at shutdown; after a restart the follow-up
-    turn continues it, reply included (the vision encoder does not run again)."""
+    turn continues it, reply included (the vision encoder does not run again). The MTP
+    head drafts in both (its caches go to disk too): under `--mtp auto` a timing decides,
+    and a cache kept with the head's layers is not one for a server drafting without."""
     folder = str(tmp_path / "kv")
-    first = launch(family.model, "--prompt-cache-dir", folder)
+    flags = ("--prompt-cache-dir", folder, "--mtp", "on")
+    first = launch(family.model, *flags)
     status, _, body = first.post(CHAT, {"messages": colour_question(data_uri(square_png("green")))})
     assert status == 200 and body["choices"][0]["message"]["content"] == "Green."
     prompt_tokens = body["usage"]["prompt_tokens"]
     first.stop()
-    second = launch(family.model, "--prompt-cache-dir", folder)
+    second = launch(family.model, *flags)
     status, _, follow_up = second.post(CHAT, {"messages": VISION["green-again"].messages})
     assert status == 200
     assert follow_up["choices"][0]["message"]["content"] == "Green again."

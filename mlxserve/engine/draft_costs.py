@@ -159,7 +159,8 @@ def verify_cost(
 ) -> float:
     """How many single-token steps one forward pass over `width` tokens costs on this
     device (1: free where memory bandwidth bounds decoding; `width`: no gain possible),
-    with a drafter's guesses for it (`drafting`), if given. A pass over several tokens is
+    with a drafter's guesses for it (`drafting`), if given; each timing the best of
+    `repeats` (a busy machine only ever slows one down). A pass over several tokens is
     timed as a verify pass runs: a hybrid model's recurrent layers keeping their state at
     each position (`recurrent_steps`), which costs more than the plain pass."""
 
@@ -179,5 +180,5 @@ def verify_cost(
         return best
 
     timed(1)  # warm up
-    guessing = drafting(width) if drafting is not None else 0.0
+    guessing = min(drafting(width) for _ in range(repeats)) if drafting is not None else 0.0
     return (timed(width) + guessing) / timed(1)
