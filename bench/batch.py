@@ -1,5 +1,5 @@
 """The Batch API at idle priority: an interactive stream's first token (the median of
-SAMPLES requests a round) and longest gap beside a running 200-line batch, against the
+--samples requests a round) and longest gap beside a running 200-line batch, against the
 same on an idle server; and the batch's throughput against the same requests sent at
 once, in one run.
 
@@ -25,7 +25,6 @@ from harness import Reply, Target, print_figures
 from bench import Workload
 
 LINE_PROMPT = 40  # tokens of each line's prompt
-SAMPLES = 5  # first-token times per round, alone and beside the batch (their median)
 
 
 def longest_gap(reply: Reply) -> float:
@@ -110,6 +109,9 @@ def main() -> None:
     parser.add_argument("--line-tokens", type=int, default=64, help="decoded per batch line")
     parser.add_argument("--tokens", type=int, default=128, help="decoded by the stream")
     parser.add_argument("--slots", type=int, default=32, help="--max-concurrent")
+    parser.add_argument(
+        "--samples", type=int, default=15, help="first-token times a round, alone and beside"
+    )
     args = parser.parse_args()
 
     import mlx.core as mx
@@ -137,13 +139,13 @@ def main() -> None:
                 interactive(target, w)  # warm-up
                 alone = interactive(target, w)
                 alone["TTFT s"] = statistics.median(
-                    [alone["TTFT s"], *first_tokens(target, w, SAMPLES - 1)]
+                    [alone["TTFT s"], *first_tokens(target, w, args.samples - 1)]
                 )
                 batch_id, start = submit(sdk, lines(w, args.lines, args.line_tokens))
                 wait_running(target, args.slots)
                 beside = interactive(target, w)
                 beside["TTFT s"] = statistics.median(
-                    [beside["TTFT s"], *first_tokens(target, w, SAMPLES - 1)]
+                    [beside["TTFT s"], *first_tokens(target, w, args.samples - 1)]
                 )
                 rows["batch: tok/s"].append(batch_tps(sdk, batch_id, start))
                 rows["the same requests at once: tok/s"].append(
