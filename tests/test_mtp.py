@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conversations import BY_NAME, CONVERSATIONS, ECHO
+from conversations import BY_NAME, CONVERSATIONS, ECHO, data_uri, square_png
 from helpers.server import CHAT, Server
 from helpers.speculation import (
     accepted,
@@ -409,6 +409,13 @@ def test_a_published_qwen35_checkpoint_drafts_with_its_head_when_served_as_text(
     plain = launch(qwen_mtp_model, "--mtp", "off", *PLAIN, "--model-dir", str(fixtures))
     unflagged = {m["id"]: m for m in plain.get("/v1/models")[2]["data"]}
     assert unflagged[qwen_vl_mtp_model.name]["input_modalities"] == ["text", "image"]
+    # Its chat template (tiny-chat's) renders text only: an image is the client's 400
+    png = {"type": "image_url", "image_url": {"url": data_uri(square_png("red", 56))}}
+    pictured = {"role": "user", "content": [{"type": "text", "text": "What is it?"}, png]}
+    body = {"model": qwen_vl_mtp_model.name, "messages": [pictured], "max_tokens": 4}
+    status, _, refused = plain.post(CHAT, body)
+    assert status == 400 and refused["error"]["param"] == "messages", refused
+    assert refused["error"]["message"].startswith("The chat template rejected the messages: ")
     bodies = [c.request for c in CONVERSATIONS[:6]]
     expected = [reply(plain, b) for b in bodies]
     for p, b in zip(expected, concurrently(lambda b: reply(srv, b), bodies), strict=True):

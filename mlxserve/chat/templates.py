@@ -70,13 +70,16 @@ def chat_text(
     def apply(conversation: list[dict]) -> str:
         return tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False, **kwargs)
 
+    # A template's own code can fail on a message shape it was not written for (a
+    # text-only template adding a string to image parts: a TypeError): what the client
+    # sent, so a 400 like a template's refusal.
     try:
         text = apply(messages)
-    except TemplateError as e:
+    except (TemplateError, TypeError) as e:
         # Templates such as Gemma's refuse system turns or repeated roles: try once more.
         try:
             text = apply(tool_prompt.strict_alternation(messages))
-        except TemplateError:
+        except (TemplateError, TypeError):
             raise bad_request(
                 f"The chat template rejected the messages: {e}", param="messages"
             ) from e
