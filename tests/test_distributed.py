@@ -5,7 +5,8 @@ requests keep the ranks in step; what stays single-machine says so; a rank that 
 hangs makes rank 0 answer 503 and exit, and Ctrl-C stops every rank.
 
 tiny-chat (qwen3) splits by tensor parallelism; tiny-hybrid (qwen3_next, whose mlx-lm
-architecture has no `shard`) by pipeline parallelism."""
+architecture has no `shard`) by pipeline parallelism; the vision-language fixtures
+(Qwen2-VL, Qwen3.5, Gemma 3) by our own tensor split of their language models."""
 
 from __future__ import annotations
 
@@ -20,10 +21,16 @@ import time
 import anthropic
 import openai
 import pytest
-from conversations import BY_NAME, CONVERSATIONS
+from conversations import BY_NAME, CONVERSATIONS, colour_question, data_uri, square_png
 from helpers.server import start_server
 from helpers.sse import open_stream
-from helpers.streams import ENDS, beside_a_stream, concurrently, endless, tokens_and_message
+from helpers.streams import (
+    ENDS,
+    beside_a_stream,
+    concurrently,
+    endless,
+    tokens_and_message,
+)
 from helpers.structured import NO_THINKING, SCHEMAS, assert_valid, constrained
 
 CHAT = "/v1/chat/completions"
@@ -50,6 +57,26 @@ def hybrid_single(hybrid_model):
     srv = start_server(hybrid_model)
     yield srv
     srv.stop()
+
+
+# The vision-language fixtures, by family
+VISION = {
+    "qwen2_vl": "vision_model",
+    "qwen3_5": "qwen35_vision_model",
+    "gemma3": "gemma3_vision_model",
+}
+
+
+@pytest.fixture(scope="module", params=list(VISION))
+def vision_servers(request):
+    """(single-process server, two ranks, the model, its end-of-turn tokens) of one
+    vision-language family."""
+    model = request.getfixturevalue(VISION[request.param])
+    single = start_server(model)
+    pair = start_server(model, ranks=2)
+    yield single, pair, model, ENDS[VISION[request.param]]
+    pair.stop()
+    single.stop()
 
 
 def answer(srv, body: dict) -> tuple[dict, list[str], list[float]]:
@@ -263,6 +290,62 @@ def test_a_hybrid_model_splits_by_pipeline_and_replies_as_one_process(hybrid_pai
     replies = [srv.post(CHAT, turn)[2] for srv in (hybrid_single, hybrid_pair)]
     assert replies[1]["choices"] == replies[0]["choices"]
     assert replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_a_vision_model_splits_its_language_model_and_replies_as_one_process(vision_servers):
+    """The language model's heads and MLPs split, the vision tower whole on each rank:
+    rows with images of different sizes (each row its own positions) and a text row get
+    the single-process server's tokens alone and all at once; a follow-up turn about the
+    same image comes from the prompt cache; a client that leaves an image stream mid-way
+    leaves the ranks in step."""
+    single, pair, model, ends = vision_servers
+    logged(pair, r"Split the language model's \d+ layers across 2 ranks")
+    logged(pair, "Split across 2 ranks: tensor parallelism")
+    squares = [("red", 56), ("blue", 84), ("green", 112)]
+    bodies = [
+        {"messages": colour_question(data_uri(square_png(*s))), "max_tokens": 12} for s in squares
+    ]
+    bodies.append({"messages": BY_NAME["capital"].messages, "max_tokens": 12})
+    alone = [answer(single, b) for b in bodies]
+    assert [a[0]["message"]["content"] for a in alone[:3]] == ["Red.", "Blue.", "Green."]
+    for one, split in zip(alone, [answer(pair, b) for b in bodies], strict=True):
+        assert_same(one, split)
+    for one, split in zip(alone, concurrently(lambda b: answer(pair, b), bodies), strict=True):
+        assert_same(one, split)
+    turn = {
+        "messages": [
+            *bodies[1]["messages"],
+            alone[1][0]["message"],
+            BY_NAME["capital"].messages[0],
+        ],
+        "max_tokens": 12,
+    }
+    replies = [srv.post(CHAT, turn)[2] for srv in (single, pair)]
+    assert replies[1]["choices"] == replies[0]["choices"]
+    assert replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    left = {**endless(model, ends, max_tokens=3000), "stream": True}
+    conn, response = open_stream(pair.url, CHAT, {**left, "messages": bodies[2]["messages"]})
+    assert response.status == 200
+    response.readline()
+    conn.close()
+    assert_same(alone[0], answer(pair, bodies[0]))
+
+
+def test_a_vision_model_splits_by_tensor_parallelism_only(vision_model):
+    output = refused_at_start(vision_model, "--distributed", "pipeline")
+    assert (
+        "mlx-vlm's qwen2_vl architecture does not support pipeline parallelism across "
+        "machines (it supports tensor)"
+    ) in output, output[-2000:]
+
+
+def test_heads_that_do_not_divide_among_the_ranks_are_refused_at_start(vision_model):
+    """Qwen2-VL's 4 attention heads over 3 ranks."""
+    output = refused_at_start(vision_model, ranks=3)
+    assert (
+        "mlx-vlm's qwen2_vl architecture cannot be split across machines: its 4 attention "
+        "heads do not divide among 3 ranks"
+    ) in output, output[-2000:]
 
 
 def stream_until_error(response, seconds: float) -> str:

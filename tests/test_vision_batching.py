@@ -17,7 +17,7 @@ from conversations import BY_NAME, VISION_CONVERSATIONS, colour_question, data_u
 from helpers.errors import assert_error
 from helpers.speculation import replayed, speculated
 from helpers.sse import chat_message, logprob_entries, open_stream, stream
-from helpers.streams import concurrently
+from helpers.streams import ENDS, concurrently
 from transformers import AutoTokenizer
 
 CHAT = "/v1/chat/completions"
@@ -75,11 +75,11 @@ class Family:
     end_token: int  # the id of the token that ends a turn
 
 
-# Each family's fixture and the token that ends its turns.
+# Each family's fixture (the token that ends its turns is in ENDS).
 FAMILIES = {
-    "qwen2_vl": ("vision_model", "<|im_end|>"),
-    "qwen3_5": ("qwen35_vision_model", "<|im_end|>"),
-    "gemma3": ("gemma3_vision_model", "<end_of_turn>"),
+    "qwen2_vl": "vision_model",
+    "qwen3_5": "qwen35_vision_model",
+    "gemma3": "gemma3_vision_model",
 }
 
 
@@ -89,7 +89,8 @@ def family(request) -> Family:
 
 
 def family_of(request, name: str) -> Family:
-    fixture, end = FAMILIES[name]
+    fixture = FAMILIES[name]
+    (end,) = ENDS[fixture]
     model = request.getfixturevalue(fixture)
     end_token = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(end)
     return Family(model, end_token)

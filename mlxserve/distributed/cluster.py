@@ -19,7 +19,7 @@ from mlxserve.config import ServerConfig
 from mlxserve.distributed.control import Address, Hub, Link
 from mlxserve.distributed.world import World, largest, share, split_model
 from mlxserve.engine.worker import GenerationWorker
-from mlxserve.models.capabilities import is_embedding_model, is_vision_model
+from mlxserve.models.capabilities import is_embedding_model
 from mlxserve.protocol.errors import unavailable
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,7 @@ def single_machine_features(config: ServerConfig, paths: list[Path]) -> list[str
     if config.idle_unload_seconds is not None:
         found.append("unloading an idle model (--idle-unload-seconds)")
     for path in paths:
-        if is_vision_model(path):
-            found.append(f"a vision model ({path.name}: mlx-vlm models are not split)")
-        elif is_embedding_model(path):
+        if is_embedding_model(path):
             found.append(f"an embedding model ({path.name})")
     return found
 

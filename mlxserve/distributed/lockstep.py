@@ -1,9 +1,10 @@
 """The engine's Lockstep for a distributed server: rank 0 (Leader) publishes each step of
 its generation loop; the other ranks (Follower) rebuild the step's jobs and replay it.
 
-A step travels as plain data (`WireStep`): jobs by number, prompts as token ids, sampling
-parameters as they are but for a grammar, which goes as its source and is compiled again
-on each rank (a compiled grammar is tied to its process).
+A step travels as plain data (`WireStep`): jobs by number, prompts as token ids (and a
+vision prompt's prepared images), sampling parameters as they are but for a grammar,
+which goes as its source and is compiled again on each rank (a compiled grammar is tied
+to its process).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from mlxserve.distributed.control import Hub, Link
 from mlxserve.distributed.world import World, largest
-from mlxserve.engine.jobs import GenerationJob
+from mlxserve.engine.jobs import GenerationJob, PromptImages
 from mlxserve.engine.lockstep import LoopStep
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.models.provider import ModelSpec
@@ -38,6 +39,7 @@ class WireJob:
     grammar: str | None  # the grammar's Lark source
     index: int
     checkpoints: tuple[int, ...]
+    images: PromptImages | None  # a vision prompt's prepared pixels: every rank encodes them
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Leader:
             grammar.lark if grammar is not None else None,
             job.index,
             job.checkpoints,
+            job.images,
         )
 
     def worst(self, value: float) -> float:
@@ -143,7 +146,12 @@ class Follower:
         if wire.grammar is not None:
             params = dataclasses.replace(params, grammar=self._grammar(wire.grammar))
         job = GenerationJob(
-            self._spec, wire.prompt, params, wire.index, checkpoints=wire.checkpoints
+            self._spec,
+            wire.prompt,
+            params,
+            wire.index,
+            images=wire.images,
+            checkpoints=wire.checkpoints,
         )
         job.cancel_at_step = True
         self._jobs[wire.id] = job

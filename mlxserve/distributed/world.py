@@ -3,13 +3,20 @@ is split across the ranks."""
 
 from __future__ import annotations
 
+import functools
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from mlxserve.distributed.vision_split import (
+    NotSplittable,
+    is_vision_language,
+    split_vision_language_model,
+)
 from mlxserve.values import as_float, as_int
 
 MODES = ("tensor", "pipeline")
@@ -60,25 +67,36 @@ def _sum(world: World, array: mx.array) -> mx.array:
 def split_model(model: Any, world: World, mode: str | None) -> str:
     """Split `model` across the ranks, before its weights are read, so that each rank
     reads only its own share: `tensor` (every layer's heads and MLP split: mlx-lm's
-    `shard`) or `pipeline` (each rank a run of whole layers: mlx-lm's `pipeline`); None:
-    tensor where the architecture supports it. Returns the mode used."""
-    modes = {
-        "tensor": hasattr(model, "shard"),
-        "pipeline": hasattr(getattr(model, "model", None), "pipeline"),
-    }
-    supported = [m for m in MODES if modes[m]]
+    `shard`, mlx-vlm's where it has one, our own for the other vision-language models)
+    or `pipeline` (each rank a run of whole layers: mlx-lm's `pipeline`, text models
+    only); None: tensor where the architecture supports it. Returns the mode used."""
+    splits = {m: split for m, split in _splits(model).items() if split is not None}
+    supported = [m for m in MODES if m in splits]
     kind = getattr(model, "model_type", type(model).__module__.rsplit(".", 1)[-1])
+    library = "mlx-vlm" if is_vision_language(model) else "mlx-lm"
     if mode is None and supported:
         mode = supported[0]
     if mode is None or mode not in supported:
         wanted = f"{mode} parallelism" if mode else "splitting"
         can = " or ".join(supported) or "neither"
         raise ValueError(
-            f"mlx-lm's {kind} architecture does not support {wanted} across machines "
+            f"{library}'s {kind} architecture does not support {wanted} across machines "
             f"(it supports {can})."
         )
-    if mode == "tensor":
-        model.shard(world.group)
-    else:
-        model.model.pipeline(world.group)
+    try:
+        splits[mode](world.group)
+    except NotSplittable as e:
+        raise ValueError(
+            f"{library}'s {kind} architecture cannot be split across machines: {e}."
+        ) from e
     return mode
+
+
+def _splits(model: Any) -> dict[str, Callable[[Any], None] | None]:
+    if is_vision_language(model):  # the vision tower stays whole on every rank
+        own = getattr(model, "shard", None)
+        return {"tensor": own or functools.partial(split_vision_language_model, model)}
+    return {
+        "tensor": getattr(model, "shard", None),
+        "pipeline": getattr(getattr(model, "model", None), "pipeline", None),
+    }

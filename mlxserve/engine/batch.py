@@ -629,7 +629,7 @@ class BatchSession:
                 assert self._encoder is not None
                 admitted.encoding = self._encoder.submit(self._model, job, done)
                 return False
-        elif not admitted.encoding.done():
+        elif not self._encoded_everywhere(admitted.encoding):
             return False
         else:
             try:
@@ -642,6 +642,13 @@ class BatchSession:
                 return False
         admitted.vision.start(self._model, admitted.hit.cache)
         return True
+
+    def _encoded_everywhere(self, encoding: Future[VisionRow]) -> bool:
+        """Whether a prompt's images are through the encoder; where ranks run in lockstep,
+        on every rank: each encodes them on a thread of its own, done at its own moment,
+        and every rank must take the row at the same step (its model calls hold
+        collectives). Rank 0, done first, steps on and asks again each step."""
+        return not self._worst(float(not encoding.done()))
 
     def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
         """Process the next `tokens` of a prompt too long to join the batch in one go."""

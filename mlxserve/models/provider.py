@@ -152,7 +152,7 @@ class ModelProvider:
     ):
         """`paths`: the folders of the served models (config.models), in order; the first
         is the default, and the one --adapter-path and --draft-model apply to. `split`:
-        splits a text model across the ranks of a distributed server before its weights
+        splits a model across the ranks of a distributed server before its weights
         are read (each rank then reads only its share)."""
         self.config = config
         self._split = split
@@ -511,11 +511,10 @@ class ModelProvider:
                 )
             draft = load_model(spec.draft_path)[0] if spec.draft_path else None
             vision = load_vision_model(spec.path, spec.adapter_path)
+            self._split_and_read(vision, spec.path.name)
             return vision, draft, self._mtp_head(spec, vision) if draft is None else None
         model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
-        if self._split is not None:
-            self._split(model)
-        read_weights(model, spec.path.name)
+        self._split_and_read(model, spec.path.name)
         if spec.adapter_path:
             model = load_adapters(model, spec.adapter_path)
             model.eval()
@@ -537,6 +536,13 @@ class ModelProvider:
             )
         draft = load_model(spec.draft_path)[0] if spec.draft_path else None
         return model, draft, self._mtp_head(spec, model) if draft is None else None
+
+    def _split_and_read(self, model: Any, name: str) -> None:
+        """Split a lazily loaded model across the ranks of a distributed server, then
+        read its weights (this rank's share of them)."""
+        if self._split is not None:
+            self._split(model)
+        read_weights(model, name)
 
     def _mtp_head(self, spec: ModelSpec, model: Any) -> Any | None:
         """The checkpoint's MTP head, unless --mtp is off or the model is not a chat or

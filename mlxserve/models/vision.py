@@ -9,11 +9,12 @@ from mlxserve.models.capabilities import read_config
 
 
 def load_vision_model(path: Path, adapter_path: str | None) -> Any:
-    """The mlx-vlm model (vision tower and language model); generation thread only."""
+    """The mlx-vlm model (vision tower and language model), its weights not read yet:
+    the caller reads them, after a distributed server has split the model."""
     from mlx_vlm.trainer.peft.utils import apply_lora_layers
     from mlx_vlm.utils import load_model
 
-    model = load_model(path)
+    model = load_model(path, lazy=True)
     if adapter_path:
         model = apply_lora_layers(model, adapter_path)
         model.eval()

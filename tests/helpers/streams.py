@@ -51,6 +51,9 @@ ENDS = {
     "tiny_model": ("<|im_end|>",),
     "wide_heads_model": ("<|im_end|>",),
     "harmony_model": ("<|return|>", "<|call|>", "<|endoftext|>"),
+    "vision_model": ("<|im_end|>",),
+    "qwen35_vision_model": ("<|im_end|>",),
+    "gemma3_vision_model": ("<end_of_turn>",),
 }
 
 

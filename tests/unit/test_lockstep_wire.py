@@ -1,5 +1,5 @@
 """A loop step as rank 0 publishes it and another rank rebuilds it: the same prompts,
-parameters, checkpoints and choices, a grammar compiled again from its source, the
+parameters, checkpoints, choices and a vision prompt's prepared images, a grammar compiled again from its source, the
 cancellations naming the rebuilt jobs, the token hash and the stop flag; a line that
 closes without a last step stops the follower as lost; and a following rank replays the
 steps rank 0 published while it started, before its model loaded."""
@@ -17,7 +17,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlxserve.config import ModelSettings, SamplingDefaults, ServerConfig
 from mlxserve.distributed.lockstep import Follower, Leader
 from mlxserve.distributed.world import World
-from mlxserve.engine.jobs import GenerationJob
+from mlxserve.engine.jobs import GenerationJob, PromptImages
 from mlxserve.engine.lockstep import LoopStep
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
@@ -63,7 +63,11 @@ def test_a_step_crosses_the_line_whole(tokenizer):
         reasoning_budget=ReasoningBudget(4, (1,), (2,), False),
     )
     first = [GenerationJob(spec, [1, 2, 3], params, index=i, checkpoints=(2,)) for i in (0, 1)]
-    second = [GenerationJob(spec, [4], replace(params, grammar=None))]
+    pixels = mx.arange(12, dtype=mx.float32).reshape(1, 3, 2, 2)
+    images = PromptImages(
+        pixels, {"image_grid_thw": mx.array([[1, 2, 2]])}, None, [4, -9, -9], ((1, 3),)
+    )
+    second = [GenerationJob(spec, [4, 7, 7], replace(params, grammar=None), images=images)]
 
     leader.publish(LoopStep(1.5, [first, second], [], trace=77))
     step = follower.receive()
@@ -81,6 +85,11 @@ def test_a_step_crosses_the_line_whole(tokenizer):
     compiled = rebuilt[0].params.grammar
     assert compiled is not None and compiled is not grammar and compiled.lark == grammar.lark
     assert rebuilt[2].params.grammar is None
+    carried = rebuilt[2].images  # every rank encodes a vision prompt's images itself
+    assert carried is not None and rebuilt[0].images is None
+    assert (carried.cache_tokens, carried.spans) == ([4, -9, -9], ((1, 3),))
+    assert mx.array_equal(carried.pixel_values, pixels)
+    assert carried.extra["image_grid_thw"].tolist() == [[1, 2, 2]]
 
     leader.publish(LoopStep(2.0, [], [first[1]], stop=True, trace=78))
     assert line.last == [False, True]  # the ranks leave after the last step: no fault
