@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxserve.models.capabilities import read_config
+from mlxserve.models.vision_mends import mend
 
 
 def load_vision_model(path: Path, adapter_path: str | None) -> Any:
@@ -15,6 +16,7 @@ def load_vision_model(path: Path, adapter_path: str | None) -> Any:
     from mlx_vlm.utils import load_model
 
     model = load_model(path, lazy=True)
+    mend(model)
     if adapter_path:
         model = apply_lora_layers(model, adapter_path)
         model.eval()
