@@ -64,6 +64,7 @@ VISION = {
     "qwen2_vl": "vision_model",
     "qwen3_5": "qwen35_vision_model",
     "gemma3": "gemma3_vision_model",
+    "qwen3_vl": "qwen3_vl_model",
     "qwen3_vl_moe": "qwen3_vl_moe_model",
 }
 MLX_VLM_SHARD = {"qwen3_vl_moe"}  # split by mlx-vlm's own `shard` (the others by ours)

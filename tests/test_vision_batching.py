@@ -83,9 +83,10 @@ FAMILIES = {
     "qwen2_vl": "vision_model",
     "qwen3_5": "qwen35_vision_model",
     "gemma3": "gemma3_vision_model",
+    "qwen3_vl": "qwen3_vl_model",
     "qwen3_vl_moe": "qwen3_vl_moe_model",
 }
-DEEPSTACK = {"qwen3_vl_moe"}  # families whose encoder also feeds early layers
+DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}  # families whose encoder also feeds early layers
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

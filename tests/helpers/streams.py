@@ -54,6 +54,7 @@ ENDS = {
     "vision_model": ("<|im_end|>",),
     "qwen35_vision_model": ("<|im_end|>",),
     "gemma3_vision_model": ("<end_of_turn>",),
+    "qwen3_vl_model": ("<|im_end|>",),
     "qwen3_vl_moe_model": ("<|im_end|>",),
 }
 
