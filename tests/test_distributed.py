@@ -347,9 +347,22 @@ def test_heads_that_do_not_divide_among_the_ranks_are_refused_at_start(vision_mo
     """Qwen2-VL's 4 attention heads over 3 ranks."""
     output = refused_at_start(vision_model, ranks=3)
     assert (
-        "mlx-vlm's qwen2_vl architecture cannot be split across machines: its 4 attention "
-        "heads do not divide among 3 ranks"
+        "mlx-vlm's qwen2_vl architecture cannot be split across machines: its attention "
+        "heads (4) do not divide among 3 ranks"
     ) in output, output[-2000:]
+
+
+def test_a_key_value_head_that_does_not_divide_among_the_ranks_is_refused_at_start(
+    wide_heads_model,
+):
+    """tiny-chat-wide-heads has 1 key-value head: mlx-lm's qwen3 `shard` would leave each
+    of 2 ranks none (an empty KV cache), as it does not repeat it."""
+    output = refused_at_start(wide_heads_model)
+    assert (
+        "mlx-lm's qwen3 architecture cannot be split across machines: its key-value heads "
+        "(1) do not divide among 2 ranks"
+    ) in output, output[-2000:]
+    assert "--kv-bits" not in output  # (it read as a KV quantization error)
 
 
 def stream_until_error(response, seconds: float) -> str:

@@ -12,9 +12,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from mlxserve.distributed.vision_split import (
+from mlxserve.distributed.tensor_split import (
     NotSplittable,
     is_vision_language,
+    library_shard,
     split_vision_language_model,
 )
 from mlxserve.values import as_float, as_int
@@ -93,10 +94,11 @@ def split_model(model: Any, world: World, mode: str | None) -> str:
 
 
 def _splits(model: Any) -> dict[str, Callable[[Any], None] | None]:
+    own = getattr(model, "shard", None)
+    library = functools.partial(library_shard, model, own) if own is not None else None
     if is_vision_language(model):  # the vision tower stays whole on every rank
-        own = getattr(model, "shard", None)
-        return {"tensor": own or functools.partial(split_vision_language_model, model)}
+        return {"tensor": library or functools.partial(split_vision_language_model, model)}
     return {
-        "tensor": getattr(model, "shard", None),
+        "tensor": library,
         "pipeline": getattr(getattr(model, "model", None), "pipeline", None),
     }

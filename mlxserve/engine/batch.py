@@ -55,6 +55,9 @@ from mlxserve.protocol.errors import bad_request, internal_error
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 1024  # prompt tokens between two progress lines of a long prompt
+# Where ranks run in lockstep: how often rank 0, its images encoded, asks whether the
+# other ranks are done too while nothing else runs (each ask is a published step)
+ENCODING_ELSEWHERE_POLL_SECONDS = 0.005
 
 
 def reserved_tokens(job: GenerationJob) -> int:
@@ -229,6 +232,8 @@ class BatchSession:
             if self._head is not None:
                 self.footprint += measure_footprint(self._head.as_model(), fresh[self._layers :])
         except ValueError as e:  # a head that cannot be split into quantization groups
+            if self._quantization is None:
+                raise
             raise bad_request(
                 f"This model's KV cache cannot be quantized with --kv-bits "
                 f"{limits.kv_bits} --kv-group-size {limits.kv_group_size}: {e}"
@@ -647,8 +652,13 @@ class BatchSession:
         """Whether a prompt's images are through the encoder; where ranks run in lockstep,
         on every rank: each encodes them on a thread of its own, done at its own moment,
         and every rank must take the row at the same step (its model calls hold
-        collectives). Rank 0, done first, steps on and asks again each step."""
-        return not self._worst(float(not encoding.done()))
+        collectives). Rank 0, done first, steps on and asks again each step, a moment
+        apart where no stream paces its steps."""
+        here = encoding.done()
+        everywhere = not self._worst(float(not here))
+        if here and not everywhere and not self._sequences:
+            time.sleep(ENCODING_ELSEWHERE_POLL_SECONDS)
+        return everywhere
 
     def _process_chunk(self, admitted: _Admitted, tokens: int) -> None:
         """Process the next `tokens` of a prompt too long to join the batch in one go."""

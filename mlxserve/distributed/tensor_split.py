@@ -1,17 +1,24 @@
-"""Tensor parallelism for the language model of a vision-language checkpoint whose mlx-vlm
-class has no `shard` of its own (Qwen2/2.5-VL, Qwen3.5/3.6, Gemma 3, Mistral Small 3.x and
-the like): each decoder layer's attention heads (or Qwen3.5's linear-attention heads) and
-MLP are split across the ranks the way mlx-lm splits its text models. The vision tower, the
-embeddings, the output layer and an MTP head stay whole on every rank: they see the same
-input everywhere and give the same output.
+"""Tensor parallelism where mlxserve does it or checks it.
 
-The split reads the modules' shapes, not their classes (mlx-vlm's classes are its own, so
-mlx-lm's `shard` cannot be reused): a layer holding anything else that projects (experts,
-per-layer inputs) is refused before any weight is read."""
+- The language model of a vision-language checkpoint whose mlx-vlm class has no `shard`
+  of its own (Qwen2/2.5-VL, Qwen3-VL, Qwen3.5/3.6, Gemma 3, Mistral Small 3.x and the
+  like): each decoder layer's attention heads (or Qwen3.5's linear-attention heads) and
+  MLP are split across the ranks the way mlx-lm splits its text models. The vision tower,
+  the embeddings, the output layer and an MTP head stay whole on every rank: they see the
+  same input everywhere and give the same output. The split reads the modules' shapes,
+  not their classes (mlx-vlm's classes are its own, so mlx-lm's `shard` cannot be
+  reused): a layer holding anything else that projects (experts, per-layer inputs) is
+  refused before any weight is read.
+- A library's own `shard` (mlx-lm's, mlx-vlm's) divides each layer's head counts by the
+  number of ranks whether they divide or not: heads that do not (3 over 2 ranks, or
+  1 key-value head over 2, where the architecture does not repeat it) are refused rather
+  than served as garbage or as an empty KV cache.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +116,49 @@ def _plan(layer: Any, size: int) -> _Layer:
     return _Layer(attention if linear is None else None, linear, mlp)
 
 
+def library_shard(model: Any, shard: Callable[[Any], None], group: Any) -> None:
+    """Run a library's own `shard` of `model`, refusing head counts it cannot divide:
+    every count must divide among the ranks, but for key-value heads fewer than the ranks
+    where the architecture repeats them (then none may end at zero)."""
+    size = group.size()
+    before = _head_counts(model)
+    for counts in before:
+        for name, count in counts.items():
+            repeatable = _HEAD_COUNTS[name] == "key-value heads" and count and size % count == 0
+            if count % size and not repeatable:
+                raise _indivisible(_HEAD_COUNTS[name], count, size)
+    shard(group)
+    for counts, now in zip(before, _head_counts(model), strict=True):
+        for name, count in now.items():
+            if count < 1:
+                raise _indivisible(_HEAD_COUNTS[name], counts[name], size)
+
+
+def _head_counts(model: Any) -> list[dict[str, int]]:
+    """Each decoder layer's attention head counts, by attribute (where mlxserve finds the
+    layers: a text model's `layers`, a vision model's language model's)."""
+    language = getattr(model, "language_model", model)
+    layers = (
+        getattr(language, "layers", None)
+        or getattr(getattr(language, "model", None), "layers", None)
+        or []
+    )
+    found = []
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        counts = {
+            n: getattr(attention, n)
+            for n in _HEAD_COUNTS
+            if isinstance(getattr(attention, n, None), int)
+        }
+        found.append(counts)
+    return found
+
+
+def _indivisible(what: str, count: int, size: int) -> NotSplittable:
+    return NotSplittable(f"its {what} ({count}) do not divide among {size} ranks")
+
+
 def _expect(module: Any, names: set[str], what: str) -> None:
     """`module` projects with exactly the linear layers `names`."""
     projections = {
@@ -126,7 +176,7 @@ def _expect(module: Any, names: set[str], what: str) -> None:
 def _divides(counts: dict[str, int], size: int) -> None:
     for name, count in counts.items():
         if count % size:
-            raise NotSplittable(f"its {count} {name} do not divide among {size} ranks")
+            raise _indivisible(name, count, size)
 
 
 def _split_attention(attention: Any, group: Any) -> None:
