@@ -66,6 +66,7 @@ VISION = {
     "gemma3": "gemma3_vision_model",
     "qwen3_vl": "qwen3_vl_model",
     "qwen3_vl_moe": "qwen3_vl_moe_model",
+    "mistral3": "mistral3_vision_model",
 }
 MLX_VLM_SHARD = {"qwen3_vl_moe"}  # split by mlx-vlm's own `shard` (the others by ours)
 

@@ -85,6 +85,7 @@ FAMILIES = {
     "gemma3": "gemma3_vision_model",
     "qwen3_vl": "qwen3_vl_model",
     "qwen3_vl_moe": "qwen3_vl_moe_model",
+    "mistral3": "mistral3_vision_model",
 }
 DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}  # families whose encoder also feeds early layers
 

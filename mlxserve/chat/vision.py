@@ -21,6 +21,9 @@ from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import ChatRequest
 
 _MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+# What a processor names besides: Pixtral's (Mistral Small 3's) rows of [IMG] broken by
+# [IMG_BREAK] and closed by [IMG_END], so that each image is one run of placeholders
+_PROCESSOR_MEDIA_FIELDS = ("image_break_token_id", "image_end_token_id")
 _PROMPT_FIELDS = ("input_ids", "pixel_values", "attention_mask")
 
 
@@ -60,7 +63,7 @@ def render_vision_chat(
     except ValueError as e:
         raise bad_request(f"The model's processor refused the images: {e}", param="messages") from e
     tokens = inputs["input_ids"].reshape(-1).tolist()
-    spans = media_spans(tokens, _media_token_ids(config))
+    spans = media_spans(tokens, _media_token_ids(config, vision.processor))
     return tokens, PromptImages(
         pixel_values=inputs.get("pixel_values"),
         extra={k: v for k, v in inputs.items() if k not in _PROMPT_FIELDS and v is not None},
@@ -70,8 +73,9 @@ def render_vision_chat(
     )
 
 
-def _media_token_ids(config: dict) -> set[int]:
+def _media_token_ids(config: dict, processor: object) -> set[int]:
     ids = {config.get(name) for name in _MEDIA_TOKEN_FIELDS}
+    ids |= {getattr(processor, name, None) for name in _PROCESSOR_MEDIA_FIELDS}
     return {int(i) for i in ids if isinstance(i, int)}
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 from mlxserve.models.capabilities import read_config
-from mlxserve.models.vision_mends import mend
 
 
 def load_vision_model(path: Path, adapter_path: str | None) -> Any:
@@ -14,6 +13,8 @@ def load_vision_model(path: Path, adapter_path: str | None) -> Any:
     the caller reads them, after a distributed server has split the model."""
     from mlx_vlm.trainer.peft.utils import apply_lora_layers
     from mlx_vlm.utils import load_model
+
+    from mlxserve.models.vision_mends import mend
 
     model = load_model(path, lazy=True)
     mend(model)

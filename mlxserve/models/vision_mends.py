@@ -1,4 +1,11 @@
-"""Mends for mlx-vlm model code that breaks in a continuous batch, applied at load.
+"""Mends for mlx-vlm model code that breaks in mlxserve's engine, applied at load.
+
+Some mlx-vlm models keep arrays outside their parameters, in plain Python helpers
+(Pixtral's rotary embedding, so Mistral Small 3's tower): built lazily when the model is
+constructed, on the loading thread, and never read as weights. MLX (0.31.2 on) ties an
+unevaluated array to its thread's stream, so the vision encoder's thread could not
+evaluate them ("There is no Stream(cpu, 0) in current thread": every image a 500). They
+are evaluated at load, with the weights.
 
 mlx-vlm 0.7.10's Qwen3-VL-MoE attention cuts an array mask to the longest row's cache
 offset plus one plus the new tokens before it updates the cache. A batch's caches hold
@@ -11,11 +18,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import mlx.core as mx
+import mlx.nn as nn
+
 
 def mend(model: Any) -> None:
-    """Mend `model` (an mlx-vlm model) where its family needs it."""
+    """Mend `model` (an mlx-vlm model, on the thread that loads it)."""
     if type(model).__module__ == "mlx_vlm.models.qwen3_vl_moe.qwen3_vl_moe":
         _qwen3_vl_moe_attention(model)
+    mx.eval(_loose_arrays(model))
+
+
+def _loose_arrays(model: Any) -> list[mx.array]:
+    """The arrays the model's modules keep in plain Python helpers, outside their
+    parameters."""
+    found = []
+    for _, module in model.named_modules():
+        for value in vars(module).values():
+            if isinstance(value, nn.Module) or not hasattr(value, "__dict__"):
+                continue
+            found += [v for v in vars(value).values() if isinstance(v, mx.array)]
+    return found
 
 
 def _qwen3_vl_moe_attention(model: Any) -> None:

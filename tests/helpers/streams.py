@@ -55,6 +55,7 @@ ENDS = {
     "qwen35_vision_model": ("<|im_end|>",),
     "gemma3_vision_model": ("<end_of_turn>",),
     "qwen3_vl_model": ("<|im_end|>",),
+    "mistral3_vision_model": ("</s>",),
     "qwen3_vl_moe_model": ("<|im_end|>",),
 }
 
