@@ -66,6 +66,7 @@ VISION = {
     "gemma3": "gemma3_vision_model",
     "qwen3_vl_moe": "qwen3_vl_moe_model",
     "mistral3": "mistral3_vision_model",
+    "gemma4": "gemma4_vision_model",
 }  # (Qwen3-VL dense splits as Qwen2-VL and Mistral 3 do: attention and MLP)
 MLX_VLM_SHARD = {"qwen3_vl_moe"}  # split by mlx-vlm's own `shard` (the others by ours)
 

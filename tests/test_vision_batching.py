@@ -73,8 +73,7 @@ def same(a: tuple, b: tuple) -> bool:
 class Family:
     model: Path
     end_token: int  # the id of the token that ends a turn
-    # the encoder's output for an image is kept for the next prompt with it (not where the
-    # language model takes more of the encoder than the image's rows: Qwen3-VL's deepstack)
+    # the encoder's output for an image is kept for the next prompt with it
     keeps_features: bool = True
 
 
@@ -86,8 +85,11 @@ FAMILIES = {
     "qwen3_vl": "qwen3_vl_model",
     "qwen3_vl_moe": "qwen3_vl_moe_model",
     "mistral3": "mistral3_vision_model",
+    "gemma4": "gemma4_vision_model",
 }
-DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}  # families whose encoder also feeds early layers
+# Families whose language model takes more of the encoder's pass than the image's rows
+# (Qwen3-VL's deepstack features, Gemma 4's per-layer inputs): encoded for every prompt
+ENCODED_EVERY_PROMPT = {"qwen3_vl", "qwen3_vl_moe", "gemma4"}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -100,7 +102,7 @@ def family_of(request, name: str) -> Family:
     (end,) = ENDS[fixture]
     model = request.getfixturevalue(fixture)
     end_token = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(end)
-    return Family(model, end_token, keeps_features=name not in DEEPSTACK)
+    return Family(model, end_token, keeps_features=name not in ENCODED_EVERY_PROMPT)
 
 
 @pytest.fixture(scope="module")
@@ -351,8 +353,8 @@ def test_a_stream_goes_on_while_images_are_encoded(vision_model, monkeypatch):
 
 def test_an_image_seen_after_other_text_skips_the_encoder(family, monkeypatch):
     """The encoder's output is kept per image: the same image after another system prompt
-    (which the prompt cache cannot continue) is not encoded again (but for Qwen3-VL, whose
-    deepstack features are not kept), and the reply is the
+    (which the prompt cache cannot continue) is not encoded again (but where the encoder's
+    output is more than the image's rows: Qwen3-VL, Gemma 4), and the reply is the
     one mlx-vlm's generate_step gives. A third prompt with a new image is encoded; a
     follow-up turn continues the cached image turn (its text placed after the image by
     the row's RoPE delta), encoding nothing, and still replies as generate_step does."""

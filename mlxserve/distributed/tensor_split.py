@@ -7,8 +7,9 @@
   the embeddings, the output layer and an MTP head stay whole on every rank: they see the
   same input everywhere and give the same output. The split reads the modules' shapes,
   not their classes (mlx-vlm's classes are its own, so mlx-lm's `shard` cannot be
-  reused): a layer holding anything else that projects (experts, per-layer inputs) is
-  refused before any weight is read.
+  reused): an attention or MLP that projects with anything else (experts) is refused
+  before any weight is read; what else a layer holds (norms, Gemma 4's per-layer input
+  gates) runs whole on every rank, on the whole hidden state each rank has.
 - A library's own `shard` (mlx-lm's, mlx-vlm's) divides each layer's head counts by the
   number of ranks whether they divide or not: heads that do not (3 over 2 ranks, or
   1 key-value head over 2, where the architecture does not repeat it) are refused rather

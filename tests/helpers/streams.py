@@ -56,6 +56,7 @@ ENDS = {
     "gemma3_vision_model": ("<end_of_turn>",),
     "qwen3_vl_model": ("<|im_end|>",),
     "mistral3_vision_model": ("</s>",),
+    "gemma4_vision_model": ("<end_of_turn>",),
     "qwen3_vl_moe_model": ("<|im_end|>",),
 }
 
