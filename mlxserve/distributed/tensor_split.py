@@ -78,12 +78,26 @@ def split_vision_language_model(model: Any, group: Any) -> None:
 
 
 def _decoder_layers(model: Any) -> list[Any]:
-    language = getattr(model, "language_model", None)
-    inner = getattr(language, "model", language)
-    layers = getattr(inner, "layers", None)
+    layers = _layers_of(model)
     if not layers:
         raise NotSplittable("its language model has no decoder layers mlxserve can find")
-    return list(layers)
+    return layers
+
+
+def _layers_of(model: Any) -> list[Any]:
+    """The decoder layers: a text model's `layers`, a vision model's language model's."""
+    language = getattr(model, "language_model", model)
+    inner = getattr(language, "model", None)
+    return list(getattr(language, "layers", None) or getattr(inner, "layers", None) or [])
+
+
+def _attention_counts(attention: Any) -> dict[str, int]:
+    """An attention module's head counts, by the attribute that keeps each."""
+    return {
+        n: getattr(attention, n)
+        for n in _HEAD_COUNTS
+        if isinstance(getattr(attention, n, None), int)
+    }
 
 
 def _plan(layer: Any, size: int) -> _Layer:
@@ -94,11 +108,7 @@ def _plan(layer: Any, size: int) -> _Layer:
     mlp = getattr(layer, "mlp", None)
     if attention is not None and linear is None:
         _expect(attention, _ATTENTION, "attention")
-        counts = {
-            words: getattr(attention, name)
-            for name, words in _HEAD_COUNTS.items()
-            if hasattr(attention, name)
-        }
+        counts = {_HEAD_COUNTS[name]: count for name, count in _attention_counts(attention).items()}
         if not counts:
             raise NotSplittable(
                 "its attention layers keep their head counts where mlxserve does not look"
@@ -136,24 +146,8 @@ def library_shard(model: Any, shard: Callable[[Any], None], group: Any) -> None:
 
 
 def _head_counts(model: Any) -> list[dict[str, int]]:
-    """Each decoder layer's attention head counts, by attribute (where mlxserve finds the
-    layers: a text model's `layers`, a vision model's language model's)."""
-    language = getattr(model, "language_model", model)
-    layers = (
-        getattr(language, "layers", None)
-        or getattr(getattr(language, "model", None), "layers", None)
-        or []
-    )
-    found = []
-    for layer in layers:
-        attention = getattr(layer, "self_attn", None)
-        counts = {
-            n: getattr(attention, n)
-            for n in _HEAD_COUNTS
-            if isinstance(getattr(attention, n, None), int)
-        }
-        found.append(counts)
-    return found
+    """Each decoder layer's attention head counts, by attribute."""
+    return [_attention_counts(getattr(layer, "self_attn", None)) for layer in _layers_of(model)]
 
 
 def _indivisible(what: str, count: int, size: int) -> NotSplittable:
