@@ -428,18 +428,18 @@ def test_a_batch_cancelled_while_its_rows_are_paused_ends_cleanly(launch, tiny_m
 
 
 def test_a_model_served_one_request_at_a_time_serves_interactive_first(
-    launch, chunked_model, tmp_path
+    launch, unbatched_model, tmp_path
 ):
-    """A model served one request at a time (Llama 4's chunked attention, whose caches do
-    not batch): the batch line running gives way to an interactive request and runs
-    again after it; each line's reply is the one it gets alone, the prompt cache on."""
-    srv = launch(chunked_model, "--batch-db", str(tmp_path / "b.sqlite"))
+    """A model served one request at a time (DeepSeek V4.1, whose caches do not batch):
+    the batch line running gives way to an interactive request and runs again after it;
+    each line's reply is the one it gets alone, the prompt cache on."""
+    srv = launch(unbatched_model, "--batch-db", str(tmp_path / "b.sqlite"))
     assert srv.log_lines("one request at a time")
     sdk = client(srv)
-    lines = long_lines(chunked_model, 3, max_tokens=200)
+    lines = long_lines(unbatched_model, 3, max_tokens=200)
     batch = submit(sdk, lines)
     until(lambda: running(srv) >= 1, 0.01)
-    body = {"model": str(chunked_model), "messages": [{"role": "user", "content": "Hi"}]}
+    body = {"model": str(unbatched_model), "messages": [{"role": "user", "content": "Hi"}]}
     assert alone(srv, {**body, "max_tokens": 5})["choices"][0]["finish_reason"] == "length"
     assert srv.log_lines("gave its slot to an interactive request")
     done = wait_ended(sdk, batch.id)

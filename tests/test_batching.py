@@ -11,6 +11,7 @@ from helpers.sse import open_stream, stream
 from helpers.streams import ENDS, beside_a_stream, concurrently, endless, tokens_and_message
 
 CHAT = "/v1/chat/completions"
+LLAMA4_TOKENS = 40  # replies long enough to cross two of the fixture's 16-token chunks
 
 
 @pytest.mark.parametrize(
@@ -19,8 +20,9 @@ CHAT = "/v1/chat/completions"
         ("tiny_model", CONVERSATIONS, ()),
         ("harmony_model", HARMONY_CONVERSATIONS, ()),
         ("wide_heads_model", CONVERSATIONS, ("--kv-bits", "4", "--kv-group-size", "32")),
+        ("chunked_model", CONVERSATIONS, ()),
     ],
-    ids=["qwen3", "gpt-oss", "qwen3-kv4"],
+    ids=["qwen3", "gpt-oss", "qwen3-kv4", "llama4"],
 )
 def test_greedy_output_is_identical_alone_and_batched(
     request, launch, model_fixture, conversations, flags
@@ -37,6 +39,48 @@ def test_greedy_output_is_identical_alone_and_batched(
         srv, model, ENDS[model_fixture], lambda job: tokens_and_message(srv, *job), jobs
     )
     assert batched == alone
+
+
+def test_llama4_replies_in_a_batch_as_mlx_lm_generates_alone(launch, chunked_model):
+    """Llama 4's chunked attention (16-token chunks in the fixture; its global layer's
+    query scale grows with the position): prompts of four lengths join a running batch,
+    each crossing chunk boundaries as it is read and as it replies, and each reply is
+    mlx-lm's own generate's, one prompt at a time with its ChunkedKVCache."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(str(chunked_model))
+    ends = sorted(tokenizer.eos_token_ids)
+    forbid = mx.zeros((model.args.text_config.vocab_size,)).at[mx.array(ends)].add(-100.0)
+    prompts = [list(range(40, 40 + 3 * n, 3)) for n in (5, 13, 21, 40)]
+
+    def library(prompt: list[int]) -> str:
+        steps = generate_step(
+            mx.array(prompt),
+            model,
+            max_tokens=LLAMA4_TOKENS,
+            logits_processors=[lambda _, x: x + forbid],
+        )
+        return tokenizer.decode([int(token) for token, _ in steps])
+
+    expected = [library(p) for p in prompts]
+    srv = launch(chunked_model, "--prompt-cache-size", "0")
+
+    def served(prompt: list[int]) -> str:
+        body = {
+            "prompt": prompt,
+            "max_tokens": LLAMA4_TOKENS,
+            "temperature": 0,
+            "logit_bias": {str(t): -100 for t in ends},
+        }
+        status, _, reply = srv.post("/v1/completions", body)
+        assert status == 200, reply
+        return reply["choices"][0]["text"]
+
+    assert [served(p) for p in prompts] == expected
+    assert beside_a_stream(srv, chunked_model, ENDS["chunked_model"], served, prompts) == expected
+    assert not srv.log_lines("one request at a time")
 
 
 def test_seeded_sampling_is_the_same_alone_and_batched(server):

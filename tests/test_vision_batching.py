@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conversations import BY_NAME, VISION_CONVERSATIONS, colour_question, data_uri, square_png
+from conversations import (
+    BY_NAME,
+    VISION_CONVERSATIONS,
+    colour_question,
+    data_uri,
+    rectangle_png,
+    square_png,
+)
 from helpers.errors import assert_error
 from helpers.speculation import replayed, speculated
 from helpers.sse import chat_message, logprob_entries, open_stream, stream
@@ -24,8 +31,13 @@ CHAT = "/v1/chat/completions"
 VISION = {conv.name: conv for conv in VISION_CONVERSATIONS}
 LENGTH = 16  # tokens per reply: the end of turn is forbidden, so each row decodes them all
 # Squares of several colours and sizes (4, 9 and 16 image tokens: each row's positions
-# skip a different number of places after its image) and text-only rows.
-IMAGES = [("red", 56), ("blue", 84), ("green", 112), ("red", 84), ("blue", 56), ("green", 84)]
+# skip a different number of places after its image), a wide one (Llama 4 cuts it in two
+# tiles beside the whole) and text-only rows: (colour, width, height).
+IMAGES = [
+    *((colour, side, side) for colour, side in [("red", 56), ("blue", 84), ("green", 112)]),
+    *((colour, side, side) for colour, side in [("red", 84), ("blue", 56), ("green", 84)]),
+    ("blue", 112, 56),
+]
 TEXTS = [VISION["hello"].messages, BY_NAME["capital"].messages]  # one it learned, one not
 LOGPROB_TOLERANCE = 1e-3  # a batch pads and sums in another order than a single row
 
@@ -33,7 +45,7 @@ LOGPROB_TOLERANCE = 1e-3  # a batch pads and sums in another order than a single
 def requests(end: int) -> list[dict]:
     """Image rows and text rows, each decoding LENGTH tokens, with logprobs."""
     bias = {str(end): -100}
-    messages = [colour_question(data_uri(square_png(c, s))) for c, s in IMAGES]
+    messages = [colour_question(data_uri(rectangle_png(*image))) for image in IMAGES]
     messages += TEXTS
     return [
         {"messages": m, "max_tokens": LENGTH, "logit_bias": bias, "logprobs": True}
@@ -86,6 +98,7 @@ FAMILIES = {
     "qwen3_vl_moe": "qwen3_vl_moe_model",
     "mistral3": "mistral3_vision_model",
     "gemma4": "gemma4_vision_model",
+    "llama4": "llama4_vision_model",
 }
 # Families whose language model takes more of the encoder's pass than the image's rows
 # (Qwen3-VL's deepstack features, Gemma 4's per-layer inputs): encoded for every prompt
@@ -116,6 +129,7 @@ def generate_alone(family: Family, bodies: list[dict]) -> list[tuple]:
     rendered as the server renders it, the end token forbidden as logit_bias does."""
     import mlx.core as mx
     from mlx_vlm.generate import generate_step
+    from mlx_vlm.utils import load_model
 
     from mlxserve.api.openai.requests import ChatRequest, chat_request
     from mlxserve.api.wire import validate
@@ -123,12 +137,12 @@ def generate_alone(family: Family, bodies: list[dict]) -> list[tuple]:
     from mlxserve.chat.vision import VisionChat, render_vision_chat
     from mlxserve.config import ServerConfig
     from mlxserve.models.tokenizer import load_text_tokenizer
-    from mlxserve.models.vision import load_vision_model, load_vision_processor
+    from mlxserve.models.vision import load_vision_processor
 
     tokenizer = load_text_tokenizer(family.model, False)
     processor = load_vision_processor(family.model, False)
     chat = VisionChat(tokenizer, processor, family.model, ImageLimits.from_config(ServerConfig()))
-    model = load_vision_model(family.model, None)
+    model = load_model(family.model)  # mlx-vlm's own code, none of mlxserve's mends
 
     def forbid_end(_tokens, logits):
         return logits + mx.where(mx.arange(logits.shape[-1]) == family.end_token, -100.0, 0.0)

@@ -21,9 +21,12 @@ from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import ChatRequest
 
 _MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
-# What a processor names besides: Pixtral's (Mistral Small 3's) rows of [IMG] broken by
-# [IMG_BREAK] and closed by [IMG_END], so that each image is one run of placeholders
-_PROCESSOR_MEDIA_FIELDS = ("image_break_token_id", "image_end_token_id")
+# What a processor names besides, so that each image is one run of placeholders:
+# Pixtral's (Mistral Small 3's) rows of [IMG] broken by [IMG_BREAK] and closed by
+# [IMG_END]; Llama 4's tiles of <|patch|> between tile separators, then <|image|> and the
+# whole image's patches (those two by their text)
+_PROCESSOR_MEDIA_FIELDS = ("image_token_id", "image_break_token_id", "image_end_token_id")
+_PROCESSOR_MEDIA_TOKENS = ("tile_token", "tile_global_token")
 _PROMPT_FIELDS = ("input_ids", "pixel_values", "attention_mask")
 
 
@@ -76,6 +79,10 @@ def render_vision_chat(
 def _media_token_ids(config: dict, processor: object) -> set[int]:
     ids = {config.get(name) for name in _MEDIA_TOKEN_FIELDS}
     ids |= {getattr(processor, name, None) for name in _PROCESSOR_MEDIA_FIELDS}
+    texts = [getattr(processor, name, None) for name in _PROCESSOR_MEDIA_TOKENS]
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is not None:
+        ids |= {tokenizer.convert_tokens_to_ids(text) for text in texts if isinstance(text, str)}
     return {int(i) for i in ids if isinstance(i, int)}
 
 

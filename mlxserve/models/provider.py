@@ -31,6 +31,7 @@ from mlxserve.models.capabilities import (
     trained_context,
     weight_files,
 )
+from mlxserve.models.chunked_attention import batch_chunked_attention
 from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
 from mlxserve.models.kinds import KINDS, LoadRequest, ModelKind
 from mlxserve.models.tokenizer import load_text_tokenizer
@@ -509,11 +510,12 @@ class ModelProvider:
                     "vision model drafts with a small language model (--draft-model) or "
                     "from the context (--speculation)."
                 )
-            draft = load_model(spec.draft_path)[0] if spec.draft_path else None
+            draft = _draft_model(spec.draft_path)
             vision = load_vision_model(spec.path, spec.adapter_path)
             self._split_and_read(vision, spec.path.name)
             return vision, draft, self._mtp_head(spec, vision) if draft is None else None
         model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
+        batch_chunked_attention(model)
         self._split_and_read(model, spec.path.name)
         if spec.adapter_path:
             model = load_adapters(model, spec.adapter_path)
@@ -534,7 +536,7 @@ class ModelProvider:
                 "give --draft-model a DFlash or EAGLE-3 drafter or a small language model "
                 "(a checkpoint's own MTP head is read from the model itself, see --mtp)."
             )
-        draft = load_model(spec.draft_path)[0] if spec.draft_path else None
+        draft = _draft_model(spec.draft_path)
         return model, draft, self._mtp_head(spec, model) if draft is None else None
 
     def _split_and_read(self, model: Any, name: str) -> None:
@@ -639,3 +641,14 @@ def cached_hub_models() -> list[tuple[str, Path]]:
 
 def _loadable(path: Path) -> bool:
     return is_text_model(path) or KINDS.of(path) is not KINDS.fallback
+
+
+def _draft_model(path: Path | None) -> Any | None:
+    """The draft model (--draft-model) as mlx-lm loads it, mended as the model is."""
+    if path is None:
+        return None
+    from mlx_lm.utils import load_model
+
+    model = load_model(path)[0]
+    batch_chunked_attention(model)
+    return model

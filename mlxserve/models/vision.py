@@ -29,6 +29,8 @@ def load_vision_processor(path: Path, trust_remote_code: bool) -> Any:
     preprocessing and the prompt's image-token expansion. No MLX work happens here."""
     from mlx_vlm.utils import get_model_and_args, load_image_processor, load_processor
 
+    from mlxserve.models.vision_mends import mend_processor
+
     config = read_config(path)
     # Importing the model's package registers mlx-vlm's processor for it (numpy instead
     # of the torch-based processors transformers would pick).
@@ -38,4 +40,5 @@ def load_vision_processor(path: Path, trust_remote_code: bool) -> Any:
     image_processor = load_image_processor(path, **extra)
     if image_processor is not None:
         processor.image_processor = image_processor
+    mend_processor(processor)
     return processor

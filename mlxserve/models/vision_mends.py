@@ -12,7 +12,17 @@ offset plus one plus the new tokens before it updates the cache. A batch's cache
 more than that (left padding; rows rewound after rejected drafts): the mask no longer
 covers the keys and the step fails ("Shapes ... cannot be broadcast"). Its dense
 sibling's attention, otherwise the same code, cuts the mask to the keys it reads: the MoE
-model's attention layers run that one instead."""
+model's attention layers run that one instead.
+
+Llama 4's chunked attention is made to batch (`chunked_attention`, mlx-lm's text model's
+too). mlx-vlm's Llama 4 image processor (its own, without torch) cuts an image of more
+than one tile into its tiles but leaves out the whole image, which transformers' adds
+after them, resized to one tile: the prompt has a run of patch tokens for it, the model
+got no features for them and read past the end of the ones it had (every image that is
+not square, or near it, answered from garbage). The processor adds it.
+
+Mends of processors are applied to the processor as it is loaded (`mend_processor`).
+"""
 
 from __future__ import annotations
 
@@ -20,12 +30,16 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
+
+from mlxserve.models.chunked_attention import batch_chunked_attention
 
 
 def mend(model: Any) -> None:
     """Mend `model` (an mlx-vlm model, on the thread that loads it)."""
     if type(model).__module__ == "mlx_vlm.models.qwen3_vl_moe.qwen3_vl_moe":
         _qwen3_vl_moe_attention(model)
+    batch_chunked_attention(model)
     mx.eval(_loose_arrays(model))
 
 
@@ -49,3 +63,37 @@ def _qwen3_vl_moe_attention(model: Any) -> None:
     for layer in model.language_model.model.layers:
         if type(layer.self_attn) is moe.Attention:
             layer.self_attn.__class__ = mended
+
+
+def mend_processor(processor: Any) -> None:
+    """Mend an mlx-vlm processor (see the module's docstring)."""
+    images: Any = getattr(processor, "image_processor", None)
+    if type(images).__name__ == "Llama4ImageProcessor" and type(images).__module__.startswith(
+        "mlx_vlm"
+    ):
+        images.preprocess = _with_global_tiles(images)
+
+
+def _with_global_tiles(images: Any) -> Any:
+    """Llama 4's `preprocess` with each image of several tiles followed by the whole image
+    as one more tile (transformers' Llama4ImageProcessorFast's order)."""
+    from PIL import Image
+
+    tiles_of = images.preprocess
+
+    def preprocess(pictures: Any, **kwargs: Any) -> dict[str, Any]:
+        pixels, ratios = [], []
+        for picture in pictures if isinstance(pictures, list) else [pictures]:
+            found = tiles_of([picture], **kwargs)
+            pixels.append(found["pixel_values"])
+            ratios += found["aspect_ratios"]
+            rows, columns = found["aspect_ratios"][0]
+            if rows * columns > 1:
+                if not isinstance(picture, Image.Image):
+                    picture = Image.fromarray(np.uint8(picture))
+                side = (images.size, images.size)
+                whole = picture.convert("RGB").resize(side, Image.Resampling.BICUBIC)
+                pixels.append(images._preprocess_single(whole)[None])
+        return {"pixel_values": np.concatenate(pixels), "aspect_ratios": ratios}
+
+    return preprocess

@@ -51,6 +51,7 @@ ENDS = {
     "tiny_model": ("<|im_end|>",),
     "wide_heads_model": ("<|im_end|>",),
     "harmony_model": ("<|return|>", "<|call|>", "<|endoftext|>"),
+    "chunked_model": ("<|im_end|>",),
     "vision_model": ("<|im_end|>",),
     "qwen35_vision_model": ("<|im_end|>",),
     "gemma3_vision_model": ("<end_of_turn>",),
@@ -58,6 +59,7 @@ ENDS = {
     "mistral3_vision_model": ("</s>",),
     "gemma4_vision_model": ("<end_of_turn>",),
     "qwen3_vl_moe_model": ("<|im_end|>",),
+    "llama4_vision_model": ("<|eot|>",),
 }
 
 
