@@ -2,19 +2,21 @@
 mlx_vlm.server`), in one run, at 1, 4 and 8 concurrent streams, text-only and with one
 image each.
 
-The model is a random-weight qwen2_vl with the bench models' 256-wide, 4-layer language
-model and the vision fixture's tokenizer, processor and vision tower
-(tests/fixtures/vision_fixture.py). Each request streams 128 tokens at temperature 1 (end
+The model is a random-weight qwen2_vl (or, `--family llama4`, Llama 4: chunked attention,
+experts) with the bench models' 256-wide, 4-layer language model and the family's vision
+fixture's tokenizer, processor and vision tower (tests/fixtures/vision_fixture.py). Each request streams 128 tokens at temperature 1 (end
 tokens forbidden by logit_bias where the server honours it); each image is fresh noise,
 so no cache of either server sees it twice. Rounds alternate the servers; figures are the
-median over rounds and the ratio mlxserve / mlx_vlm.server.
+median over rounds and the ratio mlxserve / mlx_vlm.server, over the streams a server
+answered (a stream it cut, an error after the headers, counts under "streams cut").
 
 Fairness, on mlxserve: a stream's longest gap between two tokens while a prompt with one
 896x896 image (1,024 image tokens: the bench folder's processor allows that many) is
-processed beside it, against a text prompt of the same length.
+processed beside it, against a text prompt of the same length (qwen2_vl only).
 
     make bench-vlm
     make bench-vlm ARGS="--rounds 3 --streams 1 8"
+    make bench-vlm ARGS="--family llama4"
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ import argparse
 import base64
 import io
 import json
+import math
 import random
 import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness import Reply, Target
@@ -51,8 +56,36 @@ LARGE_IMAGE_TOKENS = (LARGE_IMAGE // (2 * vision_fixture.PATCH)) ** 2
 _noise = random.Random(0)
 
 
-def build_model() -> Path:
-    """The bench's qwen2_vl folder, built once under the mlxserve cache."""
+@dataclass(frozen=True)
+class Family:
+    """A vision family the bench serves: its fixture (tokenizer, processor, vision
+    tower), its language model's settings (at LANGUAGE's size) and its end tokens."""
+
+    fixture: vision_fixture.VisionFamily
+    language: Callable[[dict], dict]  # the fixture's config, resized
+    ends: tuple[str, ...]
+
+
+def _qwen2_vl(config: dict) -> dict:
+    # the vision tower's merger writes the language model's width
+    vision = {**config["vision_config"], "hidden_size": LANGUAGE["hidden_size"]}
+    return {**config, **LANGUAGE, "vision_config": vision}
+
+
+def _llama4(config: dict) -> dict:
+    text = {**config["text_config"], **LANGUAGE, "head_dim": 32}
+    return {**config, "text_config": text}
+
+
+FAMILIES = {
+    "qwen2_vl": Family(vision_fixture.QWEN2_VL, _qwen2_vl, ("<|im_end|>", "<|endoftext|>")),
+    # Llama 4: chunked attention (the fixture's chunks of 16 tokens), experts, tiled images
+    "llama4": Family(vision_fixture.LLAMA4, _llama4, ("<|eot|>", "<|end_of_text|>")),
+}
+
+
+def build_model(name: str) -> Path:
+    """The bench's folder of the family, built once under the mlxserve cache."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.utils import get_model_and_args, update_module_configs
@@ -60,17 +93,16 @@ def build_model() -> Path:
 
     from mlxserve.models.demo import cache_root
 
+    family = FAMILIES[name]
     dtype = device_dtype()
-    out = cache_root() / "bench" / f"qwen2-vl-256-{dtype}"
+    out = cache_root() / "bench" / f"{name.replace('_', '-')}-256-{dtype}"
     if (out / "model.safetensors").is_file():
         return out
-    fixture = vision_fixture.build(cache_root() / "fixtures")
+    fixture = vision_fixture.build(cache_root() / "fixtures", family.fixture)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(fixture, partial, ignore=shutil.ignore_patterns("*.safetensors"))
-    config = {**json.loads((fixture / "config.json").read_text()), **LANGUAGE}
-    # the vision tower's merger writes the language model's width
-    config["vision_config"] = {**config["vision_config"], "hidden_size": LANGUAGE["hidden_size"]}
+    config = family.language(json.loads((fixture / "config.json").read_text()))
     config["torch_dtype"] = dtype
     (partial / "config.json").write_text(json.dumps(config, indent=2))
     processor = json.loads((partial / "preprocessor_config.json").read_text())
@@ -78,7 +110,7 @@ def build_model() -> Path:
     (partial / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     mx.random.seed(0)
     module, _ = get_model_and_args(dict(config))
-    settings = {**config, "text_config": {}}
+    settings = {"text_config": {}, **config}
     model_config = module.ModelConfig.from_dict(settings)
     model = module.Model(update_module_configs(model_config, module, settings, ["text", "vision"]))
     model.set_dtype(getattr(mx, dtype))
@@ -114,12 +146,15 @@ def run(target: Target, streams: int, image: bool, logit_bias: dict) -> dict[str
     replies: list[Reply] = target.chat_together(
         requests, logit_bias, models=models, temperature=1.0
     )
-    ended = max(r.finished for r in replies)
-    tokens = sum(r.completion_tokens for r in replies)
     target.settle()
+    answered = [r for r in replies if r.stamps]  # a stream the server cut sent no token
+    if not answered:
+        return {"aggregate tok/s": 0.0, "slowest first token s": math.nan, "streams cut": streams}
+    ended = max(r.finished for r in answered)
     return {
-        "aggregate tok/s": tokens / (ended - started),
-        "slowest first token s": max(r.ttft for r in replies),
+        "aggregate tok/s": sum(r.completion_tokens for r in answered) / (ended - started),
+        "slowest first token s": max(r.ttft for r in answered),
+        "streams cut": len(replies) - len(answered),
     }
 
 
@@ -146,12 +181,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--family", choices=list(FAMILIES), default="qwen2_vl")
     args = parser.parse_args()
-    model = build_model()
+    model = build_model(args.family)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    ends = ("<|im_end|>", "<|endoftext|>")
+    ends = FAMILIES[args.family].ends
     logit_bias = {str(tokenizer.convert_tokens_to_ids(t)): -100 for t in ends}
     results: dict[tuple, list[float]] = {}
     gaps: dict[str, list[float]] = {}
@@ -167,7 +203,7 @@ def main() -> None:
                         figures = run(target, streams, image, logit_bias)
                         for name, value in figures.items():
                             results.setdefault((streams, image, name, kind), []).append(value)
-                if kind == "mlxserve":
+                if kind == "mlxserve" and args.family == "qwen2_vl":
                     for name, value in fairness(target, tokenizer, logit_bias).items():
                         gaps.setdefault(name, []).append(value)
             finally:
@@ -186,9 +222,9 @@ def report(results: dict, streams: list[int], rounds: int) -> None:
     print("|---|---|---|---|---|---|")
     for n in streams:
         for image in (False, True):
-            for name in ("aggregate tok/s", "slowest first token s"):
+            for name in ("aggregate tok/s", "slowest first token s", "streams cut"):
                 ours, theirs = (results[(n, image, name, kind)] for kind in SERVERS)
-                ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+                ratios = [a / b if b else math.nan for a, b in zip(ours, theirs, strict=True)]
                 prompt = "one image" if image else "text only"
                 cells = " | ".join(spread(v) for v in (ours, theirs, ratios))
                 print(f"| {n} | {prompt} | {name} | {cells} |")
