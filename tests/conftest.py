@@ -69,6 +69,7 @@ LONGEST_FIRST = (
     "test_openapi",
     "test_shutdown",
     "test_speculation",
+    "test_vision_batching",
 )
 
 

@@ -51,7 +51,7 @@ ENDS = {
     "tiny_model": ("<|im_end|>",),
     "wide_heads_model": ("<|im_end|>",),
     "harmony_model": ("<|return|>", "<|call|>", "<|endoftext|>"),
-    "chunked_model": ("<|im_end|>",),
+    "chunked_model": ("<|im_end|>",),  # test_batching's Llama 4 test
     "vision_model": ("<|im_end|>",),
     "qwen35_vision_model": ("<|im_end|>",),
     "gemma3_vision_model": ("<end_of_turn>",),
