@@ -14,8 +14,8 @@ is seen where it is in the query's chunk and not after it, as the libraries' chu
 has it. The replies are the libraries' (a key outside the chunk is masked, not dropped);
 the cost is memory: past one chunk, the chunked layers hold the whole context as the
 global ones do. While every row is within its first chunk (any conversation shorter than
-8,192 tokens) the mask is the global layers' one, built once. The global layers' temperature tuning (their queries scaled by their
-position) is per row too."""
+8,192 tokens) the mask is the global layers' one, built once. The global layers'
+temperature tuning (their queries scaled by their position) is per row too."""
 
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def batch_chunked_attention(model: Any) -> None:
 
     owner.__class__ = type(type(owner).__name__, (type(owner),), {"make_cache": make_cache})
     inner.__class__ = type(type(inner).__name__, (type(inner),), {"__call__": _model_call})
+    attention = type(inner.layers[0].self_attn)
+    mended = type(attention.__name__, (attention,), {"__call__": _attention_call})
     for layer in inner.layers:
-        attention = layer.self_attn
-        mended = {"__call__": _attention_call}
-        attention.__class__ = type(type(attention).__name__, (type(attention),), mended)
+        layer.self_attn.__class__ = mended
 
 
 def _chunked(index: int) -> bool:
