@@ -80,6 +80,12 @@ def generation_batch(generator: Any) -> GenerationBatch:
     return generator._generation_batch
 
 
+def prompt_stage(generator: Any) -> bool:
+    """Whether mlx-lm's BatchGenerator holds rows not yet generating (queued, or in their
+    prompt pass)."""
+    return bool(generator._unprocessed_sequences) or bool(generator._currently_processing)
+
+
 def settle(generator: Any) -> None:
     """Wait for the step mlx-lm's batch started ahead: it computes the next step while the
     caller reads this one's tokens, so work queued between two calls (a prompt, a row

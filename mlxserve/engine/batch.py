@@ -21,11 +21,12 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.adapters.layers import BASE
-from mlxserve.compat import empty_like, generation_batch, install_generation_batch, settle
+from mlxserve.compat import generation_batch, install_generation_batch, settle
 from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, with_slot
 from mlxserve.engine.block_drafts import draft_in_blocks
 from mlxserve.engine.draft_costs import DraftCosts, Drafting, chained
 from mlxserve.engine.head_drafts import draft_with_head
+from mlxserve.engine.idle_joins import JoinsApart, empty_sibling
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
@@ -42,7 +43,6 @@ from mlxserve.engine.speculation_plan import (
 )
 from mlxserve.engine.speculative import (
     SpeculationCounts,
-    SpeculativeBatch,
     can_roll_back,
     speculate_in,
 )
@@ -85,12 +85,6 @@ def _fresh_caches(model: Any, loaded: LoadedModel, head: Any) -> list[Any]:
     then its draft model's or MTP head's."""
     models = [model, loaded.draft_model, head]
     return [c for m in models if m is not None for c in make_prompt_cache(m)]
-
-
-def _empty_sibling(batch: GenerationBatch) -> GenerationBatch:
-    """An empty batch that decodes as `batch` does (a speculative one drafting alike, its
-    counts shared): the rows of interactive work while `batch`'s are parked."""
-    return batch.empty_sibling() if isinstance(batch, SpeculativeBatch) else empty_like(batch)
 
 
 def _key_tokens(job: GenerationJob) -> list[int]:
@@ -251,13 +245,15 @@ class BatchSession:
         self._admitted: list[_Admitted] = []
         self._parked: _Parked | None = None
         # Idle-priority rows can leave the batch and come back exactly where the caches
-        # hold all a row's state (no drafter's or vision encoder's beside them).
+        # hold all a row's state (no drafter's or vision encoder's beside them); rows
+        # joining them, likewise, are taken through their prompt apart (idle_joins.py).
         self._parks = (
             loaded.draft_model is None
             and self._head is None
             and not loaded.spec.vision
             and self._quantization is None
         )
+        self._joins = JoinsApart(self._generator)
         # A hash of every (sequence, token) generated, in order: kept where ranks run in
         # lockstep (rank 0's is checked against the others' every step), else 0.
         self.trace = 0
@@ -398,7 +394,8 @@ class BatchSession:
         if self._parked is not None:
             waiting += cache_bytes(self._parked.batch.prompt_cache)
         features = self._model.features.nbytes if self._loaded.spec.vision else 0
-        return self._generator.prompt_cache_nbytes + waiting + features
+        joining = self._joins.nbytes()
+        return self._generator.prompt_cache_nbytes + waiting + features + joining
 
     def admit(self, job: GenerationJob) -> None:
         """Queue a job. Jobs with the same prompt (a request's `n` choices, or a burst of
@@ -435,7 +432,8 @@ class BatchSession:
 
     def step(self) -> None:
         """One loop iteration: the scheduler's share of prompt processing, then one decode
-        step for every running sequence."""
+        step for every running sequence (where only idle-priority rows run, the rows
+        joining them instead, a part at a time: `JoinsApart`)."""
         self._drop_cancelled_admissions()
         self._end_parked()
         interactive = self._interactive()
@@ -443,8 +441,13 @@ class BatchSession:
             self._park_idle()
         else:
             self._resume_parked()
+        apart = self._joins_apart(interactive)
+        if apart and self._joins.step():
+            return
         self._schedule(interactive)
         if not self._sequences:
+            return
+        if apart and self._joins.step():
             return
         _, responses = self._generator.next()
         finished: list[int] = []
@@ -481,9 +484,20 @@ class BatchSession:
             # work that comes waits for the step running then, not the one after it too.
             settle(self._generator)
 
+    def _joins_apart(self, interactive: bool) -> bool:
+        """Whether rows join apart from the decode step (`JoinsApart`): where only
+        idle-priority rows run (interactive work waits for no part of it longer than
+        for a step) and they could be parked whole. Otherwise rows in their first pass
+        join the running batch now."""
+        if not interactive and self._parks and generation_batch(self._generator).uids:
+            return True
+        self._joins.merge()
+        return False
+
     def preempt_idle(self) -> None:
         """End every idle-priority job (interactive work wants their memory), keeping what
         their rows processed in the prompt cache."""
+        self._joins.merge()
         rows = [uid for uid, s in self._sequences.items() if s.job.idle_priority]
         for uid in rows:
             self._sequences[uid].job.preempt()
@@ -510,6 +524,7 @@ class BatchSession:
         all in it, the whole batch is set aside (`_Parked`); otherwise (a row in mlx-lm's
         prompt stage, a drafter's or vision encoder's state beside the caches) a row ends
         with `preempted` and runs again from the prompt cache."""
+        self._joins.merge()
         rows = [uid for uid, s in self._sequences.items() if s.job.idle_priority]
         if not rows:
             return
@@ -522,7 +537,7 @@ class BatchSession:
             self._sequences[uid].job.preempt()
         self._remove(others, keep_cache=True)
         if parks:
-            install_generation_batch(self._generator, _empty_sibling(batch))
+            install_generation_batch(self._generator, empty_sibling(batch))
             self._parked = _Parked(batch, {uid: self._sequences.pop(uid) for uid in parks})
 
     def _resume_parked(self) -> None:
@@ -565,6 +580,7 @@ class BatchSession:
         self._sequences.clear()
         self._admitted.clear()
         self._parked = None
+        self._joins.clear()
         self._generator.close()
         if self._encoder is not None:
             self._encoder.close()

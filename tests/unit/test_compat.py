@@ -64,6 +64,23 @@ def test_the_generation_batch_state_speculation_uses(tiny_model):
     assert adapter.generated == [] and adapter.next_tokens.size == 0
 
 
+def test_rows_in_the_prompt_stage_are_seen(tiny_model):
+    """`prompt_stage`: a row is queued, then in its prompt pass, then generating."""
+    from mlx_lm import load
+
+    model, _ = load(str(tiny_model))
+    generator = BatchGenerator(model)
+    assert not compat.prompt_stage(generator)
+    generator.insert([[5, 6, 7, 8]], max_tokens=[4])
+    assert compat.prompt_stage(generator)  # queued
+    generator.next()
+    assert compat.prompt_stage(generator)  # its prompt processed but for the last token
+    generator.next()
+    assert not compat.prompt_stage(generator)
+    assert len(compat.generation_batch(generator)) == 1
+    generator.close()
+
+
 def test_a_token_context_is_read_without_changing_it():
     """`tokens_seen` reads mlx-lm's TokenBuffer (a padded array and its `_size`)."""
     from mlx_lm.models.cache import TokenBuffer

@@ -17,6 +17,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlxserve.engine.admission import Admission, Capacity
 from mlxserve.engine.disk_cache import DiskCache
 from mlxserve.engine.draft_costs import DraftCosts
+from mlxserve.engine.idle_joins import JoinsApart
 from mlxserve.engine.memory import KVFootprint
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.quantized_cache import KVQuantization, QuantizedCache
@@ -212,6 +213,60 @@ def test_a_resting_draft_model_catches_up_before_it_drafts(request, fixture, sto
         own = model(probe, cache=caches[:layers])
         drafts = model(probe, cache=caches[layers:])
         assert mx.allclose(own, drafts, atol=1e-3).item()
+
+
+# Rows joining apart ------------------------------------------------------------------------
+
+
+def join_late(model, first: list[list[int]], late: list[int], apart: bool):
+    """`first`'s rows decode a few steps, then `late` joins them: in mlx-lm's own step, or
+    through `JoinsApart` (then the parts it took, and whether the running rows decoded
+    during them). Every row's greedy tokens."""
+    generator = BatchGenerator(model)
+    joins = JoinsApart(generator)
+    uids = generator.insert(first, max_tokens=[24] * len(first))
+    out: dict[int, list[int]] = {uid: [] for uid in uids}
+    finished: set[int] = set()
+
+    def collect() -> None:
+        for r in generator.next()[1]:
+            out[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                finished.add(r.uid)
+
+    for _ in range(8):
+        collect()
+    (late_uid,) = generator.insert([late], max_tokens=[16])
+    uids.append(late_uid)
+    out[late_uid] = []
+    before = [list(t) for t in generator._generation_batch.tokens]
+    parts, decoded = 0, False
+    while apart and joins.step():
+        parts += 1
+        running = generator._generation_batch.tokens[: len(before)]
+        decoded = decoded or [list(t) for t in running] != before
+    while len(finished) < len(uids):
+        collect()
+    generator.close()
+    tokens = [out[uid] for uid in uids]
+    return (tokens, parts, decoded) if apart else tokens
+
+
+def test_a_row_joins_idle_rows_a_part_a_step_with_the_tokens_of_one_step(
+    model_and_tokenizer, story
+):
+    """A row joining running rows apart: its prompt pass, its first pass and the merge of
+    its caches are a step each, in which the running rows decode nothing; every row's
+    tokens are those of mlx-lm's own join (decode and join in one step) and the late row's
+    those of greedy decoding alone."""
+    model, tokenizer = model_and_tokenizer
+    first = [story[:40], tokenizer.encode("Hello there")]
+    late = story[:30]
+    together = join_late(model, first, late, apart=False)
+    tokens, parts, decoded = join_late(model, first, late, apart=True)
+    assert parts == 3 and not decoded
+    assert tokens == together
+    assert tokens[-1] == greedy(model, [late], 16)[0][0]
 
 
 # Admission ---------------------------------------------------------------------------------
