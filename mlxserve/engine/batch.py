@@ -441,8 +441,14 @@ class BatchSession:
             self._park_idle()
         else:
             self._resume_parked()
-        apart = self._joins_apart(interactive)
-        if apart and self._joins.step():
+        # Rows join apart where only idle-priority rows run and could be parked whole;
+        # elsewhere rows through their first pass join the running batch now. A join
+        # under way goes a part further before the scheduler starts more rows (their
+        # prompt pass would share the generator's call with its first pass).
+        apart = not interactive and self._parks and bool(generation_batch(self._generator))
+        if not apart:
+            self._joins.merge()
+        elif self._joins.step():
             return
         self._schedule(interactive)
         if not self._sequences:
@@ -483,16 +489,6 @@ class BatchSession:
             # Idle-priority rows alone: nothing runs between their steps, so interactive
             # work that comes waits for the step running then, not the one after it too.
             settle(self._generator)
-
-    def _joins_apart(self, interactive: bool) -> bool:
-        """Whether rows join apart from the decode step (`JoinsApart`): where only
-        idle-priority rows run (interactive work waits for no part of it longer than
-        for a step) and they could be parked whole. Otherwise rows in their first pass
-        join the running batch now."""
-        if not interactive and self._parks and generation_batch(self._generator).uids:
-            return True
-        self._joins.merge()
-        return False
 
     def preempt_idle(self) -> None:
         """End every idle-priority job (interactive work wants their memory), keeping what
