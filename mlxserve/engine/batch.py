@@ -26,7 +26,7 @@ from mlxserve.engine.adapter_rows import ADAPTER_ROWS_KEY, AdapterRowsModel, wit
 from mlxserve.engine.block_drafts import draft_in_blocks
 from mlxserve.engine.draft_costs import DraftCosts, Drafting, chained
 from mlxserve.engine.head_drafts import draft_with_head
-from mlxserve.engine.idle_joins import JoinsApart, empty_sibling
+from mlxserve.engine.idle_joins import JoinsApart
 from mlxserve.engine.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.memory import measure_footprint
 from mlxserve.engine.prompt_cache import CacheHit, PromptCache, cache_bytes
@@ -44,6 +44,7 @@ from mlxserve.engine.speculation_plan import (
 from mlxserve.engine.speculative import (
     SpeculationCounts,
     can_roll_back,
+    empty_sibling,
     speculate_in,
 )
 from mlxserve.engine.vision_rows import Encoder, VisionHiddenCapture, VisionRow, batch_model

@@ -20,26 +20,16 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
-from mlxserve.compat import (
-    empty_like,
-    generation_batch,
-    install_generation_batch,
-    prompt_stage,
-)
+from mlxserve.compat import generation_batch, install_generation_batch, prompt_stage
 from mlxserve.engine.prompt_cache import cache_bytes
-from mlxserve.engine.speculative import SpeculativeBatch
-
-
-def empty_sibling(batch: GenerationBatch) -> GenerationBatch:
-    """An empty batch that decodes as `batch` does (a speculative one drafting alike, its
-    counts shared)."""
-    return batch.empty_sibling() if isinstance(batch, SpeculativeBatch) else empty_like(batch)
+from mlxserve.engine.speculative import empty_sibling
 
 
 class JoinsApart:
     """The joining rows of one BatchSession's generator: `step` takes them one part
-    further; rows through their first pass wait in `joining` until the next step merges
-    them. Anything that reads or removes rows in the generator calls `merge` first."""
+    further; rows through their first pass wait beside the running batch until the next
+    step merges them. Anything that reads or removes rows in the generator calls `merge`
+    first."""
 
     def __init__(self, generator: Any):
         self._generator = generator

@@ -548,6 +548,12 @@ class DraftModelBatch(SpeculativeBatch):
         rewind(self.draft_model, caches, self._snapshots, inputs.shape[1], fed)
 
 
+def empty_sibling(batch: GenerationBatch) -> GenerationBatch:
+    """An empty batch that decodes as `batch` does (a speculative one drafting alike, its
+    counts shared): what other rows run in while `batch`'s rows are set aside."""
+    return batch.empty_sibling() if isinstance(batch, SpeculativeBatch) else empty_like(batch)
+
+
 def can_roll_back(caches: list[Any]) -> bool:
     """Whether a sequence's caches can drop rejected drafts: attention caches are trimmed,
     sliding windows too (a pass over several tokens overwrites nothing: see
