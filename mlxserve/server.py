@@ -195,9 +195,7 @@ def idle_worker(
         mtp=config.mtp,
     )
     capacity = config.max_concurrent + config.max_queue
-    worker = GenerationWorker(
-        provider, cache, limits, capacity, budget, config.idle_unload_seconds, lockstep
-    )
+    worker = GenerationWorker(provider, cache, limits, capacity, budget, lockstep=lockstep)
     worker.start()
     worker.call(lambda: _bound_buffer_cache(config, budget))
     return worker

@@ -1,4 +1,4 @@
-"""Server-sent events over a chunked HTTP/1.1 response."""
+"""Streamed replies over a chunked HTTP/1.1 response: server-sent events, and NDJSON."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import logging
 import time
 from io import BufferedIOBase
 
-from mlxserve.api.responder import Responder
+from mlxserve.api.responder import SSE_CONTENT_TYPE, Responder
 from mlxserve.protocol.errors import ClientGone, ServiceError, internal_error
 
 log = logging.getLogger(__name__)
 
 
-class SSEWriter:
-    """Sends the response headers with the first event or comment, so that until then the
-    request can still be answered with a plain HTTP error."""
+class ChunkedWriter:
+    """A streamed body in HTTP/1.1 chunks. Sends the response headers with the first
+    write, so that until then the request can still be answered with a plain HTTP error."""
+
+    content_type = SSE_CONTENT_TYPE
 
     def __init__(self, responder: Responder):
         self._responder = responder
@@ -27,24 +29,11 @@ class SSEWriter:
         if self.started:
             return
         self.started = True
-        self._body = self._responder.open_stream()
+        self._body = self._responder.open_stream(self.content_type)
 
     def silent_for(self, seconds: float) -> bool:
         """Whether nothing was written for `seconds`: time for a keepalive."""
         return time.monotonic() - self.last_write >= seconds
-
-    def event(self, payload: dict, name: str | None = None) -> None:
-        """A `data:` line with the payload; with `name`, an `event:` line before it."""
-        data = f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-        self._write(f"event: {name}\n{data}" if name else data)
-
-    def comment(self, text: str) -> None:
-        self._write(f": {text}\n\n")
-
-    def done(self) -> None:
-        """OpenAI's end of stream: `data: [DONE]`, then the end of the body."""
-        self._write("data: [DONE]\n\n")
-        self.close()
 
     def close(self) -> None:
         """The end of the body."""
@@ -68,7 +57,33 @@ class SSEWriter:
         self.last_write = time.monotonic()
 
 
-def stream_failure(sse: SSEWriter, error: Exception) -> ServiceError:
+class SSEWriter(ChunkedWriter):
+    """Server-sent events: `data:` lines, named events and comments."""
+
+    def event(self, payload: dict, name: str | None = None) -> None:
+        """A `data:` line with the payload; with `name`, an `event:` line before it."""
+        data = f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        self._write(f"event: {name}\n{data}" if name else data)
+
+    def comment(self, text: str) -> None:
+        self._write(f": {text}\n\n")
+
+    def done(self) -> None:
+        """OpenAI's end of stream: `data: [DONE]`, then the end of the body."""
+        self._write("data: [DONE]\n\n")
+        self.close()
+
+
+class NDJSONWriter(ChunkedWriter):
+    """Newline-delimited JSON (Ollama's streams): one object a line, never a blank one."""
+
+    content_type = "application/x-ndjson"
+
+    def line(self, payload: dict) -> None:
+        self._write(json.dumps(payload, ensure_ascii=False) + "\n")
+
+
+def stream_failure(sse: ChunkedWriter, error: Exception) -> ServiceError:
     """The error a begun stream ends with, in the dialect's error event: a bug is one too
     (a stream cut short without its last event looks like a network fault). Before the
     stream began, or when the client left, the error goes on to the HTTP handler."""

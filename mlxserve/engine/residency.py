@@ -152,16 +152,27 @@ class Residency:
         self._cache.forget(spec.key)
         self._provider.unload(spec)
 
-    def unload_idle(self, limit: float) -> None:
-        """Unload unpinned models unused for `limit` seconds; a busy model counts as used
-        now."""
+    def unload_idle(self) -> None:
+        """Unload unpinned models unused for their keep time (provider.keep_time); a busy
+        model counts as used now."""
         for loaded in self._provider.resident:
             spec = loaded.spec
+            limit = self._provider.keep_time(spec)
             if self.busy(spec):
                 self._provider.touch(spec)
-            elif self._provider.idle_for(spec) >= limit and not self._provider.pinned(spec):
+            elif limit is not None and self.expire(spec, limit):
                 log.info("%s idle for %.0fs", spec.path.name, limit)
-                self.unload(spec)
+
+    def expire(self, spec: ModelSpec, after: float = 0.0) -> bool:
+        """Unload `spec` if it is idle, unpinned, and unused for `after` seconds (a
+        request's keep_alive of 0 ends with it); whether it was."""
+        provider = self._provider
+        if self._only is not None or self.busy(spec) or provider.pinned(spec):
+            return False
+        if provider.idle_for(spec) < after or not any(m.spec == spec for m in provider.resident):
+            return False
+        self.unload(spec)
+        return True
 
     def weight_bytes(self) -> int:
         """The resident models' weights and those of the model loading."""

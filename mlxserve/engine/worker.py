@@ -53,13 +53,12 @@ class GenerationWorker:
         limits: BatchLimits,
         capacity: int,
         memory_budget: int | None = None,
-        idle_unload_seconds: float | None = None,
         lockstep: Lockstep | None = None,
     ):
         self._cache = cache
         self._lockstep = lockstep
         self._now = time.perf_counter()  # the clock of this loop iteration (LoopStep.now)
-        self._idle_unload_seconds = idle_unload_seconds
+        self._provider = provider
         self._idle_check = 0.0  # when to look for idle models next (monotonic)
         self._intake = Intake()
         self._capacity = Capacity(capacity)
@@ -216,6 +215,10 @@ class GenerationWorker:
         """Unload a model now, as an operator asks (residency.unload_on_request)."""
         self._residency.unload_on_request(spec)
 
+    def expire(self, spec: ModelSpec) -> bool:
+        """Unload a model now if nothing uses or pins it (a keep_alive of 0)."""
+        return bool(self.call(lambda: self._residency.expire(spec)))
+
     def trace(self) -> int:
         """A hash of every token the batches generated so far (see LoopStep.trace). A batch
         that has generated nothing counts as none: rank 0 publishes a step each time its
@@ -264,9 +267,9 @@ class GenerationWorker:
             for session in [s for s in self._open_sessions() if len(s) > 0]:
                 session.step()
             self._admission.note_kv_bytes()
-            if self._idle_unload_seconds is not None and time.monotonic() >= self._idle_check:
+            if self._provider.keeps_any and time.monotonic() >= self._idle_check:
                 self._idle_check = time.monotonic() + IDLE_CHECK_SECONDS
-                self._residency.unload_idle(self._idle_unload_seconds)
+                self._residency.unload_idle()
 
     def _next_step(self) -> LoopStep:
         """This iteration's inputs: rank 0's on a following rank, else what was submitted
@@ -276,7 +279,7 @@ class GenerationWorker:
         decoding = any(s.ready() for s in self._open_sessions())
         # Pending requests may start now, unless they wait for a load (its end wakes us).
         startable = bool(self._admission.pending) and self._residency.loading is None
-        idle_wait = IDLE_CHECK_SECONDS if self._idle_unload_seconds is not None else None
+        idle_wait = IDLE_CHECK_SECONDS if self._provider.keeps_any else None
         arrived = self._intake.take(not decoding and not startable, idle_wait)
         step = LoopStep(
             time.perf_counter(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import re
 import threading
 import time
@@ -182,6 +183,9 @@ class ModelProvider:
         self._resident_lock = threading.Lock()  # changed on one thread, read on all
         self._last_used: dict[ModelSpec, float] = {}
         self._pins: dict[ModelSpec, bool] = {}  # set by admin requests, over the config
+        # Seconds each model stays resident once idle, as a request asked (Ollama's
+        # keep_alive; math.inf: until unloaded), over --idle-unload-seconds
+        self._keep: dict[ModelSpec, float] = {}
 
     # HTTP threads ---------------------------------------------------------------------
 
@@ -410,6 +414,26 @@ class ModelProvider:
 
     def pin(self, spec: ModelSpec, pinned: bool) -> None:
         self._pins[spec] = pinned
+
+    def keep_for(self, spec: ModelSpec, seconds: float | None) -> None:
+        """Keep `spec` resident this long once idle (math.inf: until unloaded; None:
+        --idle-unload-seconds again), until another request says otherwise."""
+        if seconds is None:
+            self._keep.pop(spec, None)
+        else:
+            self._keep[spec] = seconds
+
+    def keep_time(self, spec: ModelSpec) -> float | None:
+        """How long `spec` stays resident once idle (None: until unloaded)."""
+        seconds = self._keep.get(spec, self.config.idle_unload_seconds)
+        return None if seconds is None or seconds == math.inf else seconds
+
+    @property
+    def keeps_any(self) -> bool:
+        """Whether some model is unloaded once idle long enough (the loop then looks)."""
+        return self.config.idle_unload_seconds is not None or any(
+            seconds != math.inf for seconds in self._keep.values()
+        )
 
     # Residency (read anywhere, changed on the generation thread) -----------------------
 

@@ -3,6 +3,7 @@ settings, the grammar, and each choice's output pipeline, the same for every dia
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -171,20 +172,20 @@ class ChatService:
         adapters (with their base's)."""
         provider, caller = self.provider, current_caller()
         models = [
-            {**provider.model_entry(name, spec), "capabilities": self._capabilities(spec)}
+            {**provider.model_entry(name, spec), "capabilities": self.capabilities(spec)}
             for name, spec in provider.listed().items()
             if caller.allows(name)
         ]
         return models + [
             {
                 **provider.adapter_entry(adapter),
-                "capabilities": self._capabilities(provider.served[adapter.base]),
+                "capabilities": self.capabilities(provider.served[adapter.base]),
             }
             for adapter in provider.adapters.all()
             if caller.allows(adapter.name, adapter.base)
         ]
 
-    def _capabilities(self, spec: ModelSpec) -> dict:
+    def capabilities(self, spec: ModelSpec) -> dict:
         """`tools`: every generative model takes them (injected into the prompt where its
         template has none). `reasoning`: whether its replies carry reasoning, read from
         its tokenizer; null for a model whose tokenizer has not been loaded yet."""
@@ -205,6 +206,29 @@ class ChatService:
 
     def context_length(self, spec: ModelSpec) -> int | None:
         return self.provider.context_length(spec)
+
+    # Residency as a request asks for it (Ollama's load, unload and keep_alive) ----------
+
+    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
+        """Keep `spec` resident this long once idle (math.inf: until unloaded; None: the
+        server's --idle-unload-seconds)."""
+        self.provider.keep_for(spec, seconds)
+
+    def ensure_loaded(self, spec: ModelSpec) -> int:
+        """Load `spec` now unless it is resident: the nanoseconds the load took."""
+        if self.is_resident(spec):
+            self.provider.touch(spec)
+            return 0
+        start = time.perf_counter_ns()
+        self.worker.call(lambda: self.worker.load(spec))
+        return time.perf_counter_ns() - start
+
+    def is_resident(self, spec: ModelSpec) -> bool:
+        return any(m.spec == spec for m in self.provider.resident)
+
+    def expire(self, spec: ModelSpec) -> bool:
+        """Unload `spec` now if nothing uses or pins it; whether it was."""
+        return self.worker.expire(spec)
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         spec, tokenizer = self.generator(request.model)

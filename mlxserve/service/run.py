@@ -46,6 +46,7 @@ class Step:
     events: list[Event]
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
+    token: int | None = None  # the token generated (None: the choice's finish)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class GenerationRun:
             was_reasoning = output.in_reasoning
             step = Step(choice, output.feed(event.text))
             if isinstance(event, TokenEvent):
+                step.token = event.token
                 self._token_arrived(state)
                 if was_reasoning or any(isinstance(i, Reasoning) for i in step.events):
                     choice.reasoning_tokens += 1
