@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys clean
+.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys bench-ollama clean
 
 # What `make run` needs: the package, its runtime dependencies and OpenBLAS.
 install: $(VENV)/.installed
@@ -108,6 +108,9 @@ bench-batch: install-dev
 
 bench-keys: install-dev
 	$(WITH_BLAS) $(PY) bench/keys.py $(ARGS)
+
+bench-ollama: install-dev
+	$(WITH_BLAS) $(PY) bench/ollama.py $(ARGS)
 
 bench-two-models: install-dev
 	$(WITH_BLAS) $(PY) bench/two_models.py $(ARGS)

@@ -426,6 +426,13 @@ class ServerConfig:
         shown_default="`batches.sqlite` in the cache folder",
         help="the SQLite file of uploaded files, batch jobs and their results (kept across restarts; one server at a time)",
     )
+    model_names_db: Path | None = setting(
+        None,
+        parse=Path,
+        group=MODELS,
+        shown_default="`ollama-names.sqlite` in the cache folder",
+        help="the SQLite file of the model names Ollama's `/api/copy` and `/api/create` make (each a model with its own system prompt, parameters or adapter), kept across restarts",
+    )
     max_batch_file_bytes: int = setting(
         200 * 1024 * 1024,  # OpenAI's limit
         parse=positive_int,

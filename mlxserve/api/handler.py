@@ -19,15 +19,21 @@ from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
 from mlxserve.api.images.links import LINK_PREFIX
+from mlxserve.api.ollama.endpoints import RUNNING
 from mlxserve.api.openapi.document import document
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
 from mlxserve.api.routes import (
     GET_PATHS,
+    HEAD_PATHS,
     HEALTH_PATHS,
     KEYS_PATHS,
     METRICS_PATHS,
     MODEL_PREFIXES,
     MODELS_PATHS,
+    OLLAMA_DELETE_PATHS,
+    OLLAMA_PS_PATHS,
+    OLLAMA_TAGS_PATHS,
+    OLLAMA_VERSION_PATHS,
     OPENAPI_PATHS,
     RESPONSE_PREFIXES,
     STATUS_PATHS,
@@ -118,6 +124,11 @@ class APIHandler(BaseHTTPRequestHandler):
         with self.app.answering():
             self._handle(self._delete)
 
+    def do_HEAD(self) -> None:
+        """Headers only, where Ollama's clients probe (HEAD_PATHS); elsewhere a 405."""
+        with self.app.answering():
+            self._handle(self._head)
+
     def __getattr__(self, name: str):
         """Any other method (PUT, PATCH, TRACE, HEAD...): a 405 in the path's dialect,
         where http.server would answer 501 in HTML."""
@@ -183,7 +194,7 @@ class APIHandler(BaseHTTPRequestHandler):
         """Route the request; errors become the dialect's error reply. Returns the path."""
         self.streaming = False
         self.body_read = False
-        if self.command != "POST":
+        if self.command != "POST" and not self._reads_body(self.path.split("?")[0].rstrip("/")):
             self._drain()
         routes: Routes = self.app.routes
         config = self.app.config
@@ -207,10 +218,28 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_error(routes.errors(path)(internal_error(f"Internal error: {e}")))
         return path
 
+    def _reads_body(self, path: str) -> bool:
+        """A request other than a POST whose body an endpoint reads (Ollama's delete)."""
+        return self.command == "DELETE" and path in OLLAMA_DELETE_PATHS
+
+    def _head(self, path: str) -> None:
+        if path not in HEAD_PATHS:
+            self._not_allowed(path)
+        self._get(path)
+
     def _get(self, path: str) -> None:
         endpoints = self.app.routes.openai
-        if is_asset_path(path):
+        ollama = self.app.routes.ollama
+        if path == "/" and "text/html" not in (self.headers.get("Accept") or ""):
+            self._send(200, RUNNING, "text/plain; charset=utf-8")  # Ollama's liveness probe
+        elif is_asset_path(path):
             self._send_asset(path)
+        elif path in OLLAMA_VERSION_PATHS:
+            self._send_json(200, ollama.version())
+        elif path in OLLAMA_TAGS_PATHS:
+            self._send_json(200, ollama.tags())
+        elif path in OLLAMA_PS_PATHS:
+            self._send_json(200, ollama.ps())
         elif path in HEALTH_PATHS:
             status, body = endpoints.health()
             self._send_json(status, body)
@@ -264,6 +293,10 @@ class APIHandler(BaseHTTPRequestHandler):
     def _delete(self, path: str) -> None:
         if is_batch_path(path):
             self._batch(path)
+            return
+        if path in OLLAMA_DELETE_PATHS:
+            limit = self.app.routes.body_limit(path)
+            self._reply(self.app.routes.ollama.delete(self._read_body(limit), self))
             return
         if not path.startswith(RESPONSE_PREFIXES):
             self._unknown(path, (*self.app.routes.post, *GET_PATHS))

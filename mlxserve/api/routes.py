@@ -26,6 +26,9 @@ from mlxserve.api.images.endpoints import ImageEndpoints
 from mlxserve.api.images.links import LINK_PREFIX, ImageLinks
 from mlxserve.api.infill.endpoints import InfillEndpoints
 from mlxserve.api.infill.errors import error_reply as llama_cpp_error
+from mlxserve.api.ollama.endpoints import OllamaEndpoints
+from mlxserve.api.ollama.errors import error_reply as ollama_error
+from mlxserve.api.ollama.names import ModelNames, names_path
 from mlxserve.api.openai.embeddings import EmbeddingEndpoints
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
@@ -75,6 +78,17 @@ STATUS_PATHS = ("/v1/status", "/status")
 USAGE_PATHS = ("/v1/usage", "/usage")
 KEYS_PATHS = ("/v1/keys", "/keys")
 OPENAPI_PATHS = ("/openapi.json",)
+# Ollama's API: its paths as Ollama has them (no /v1); errors in its shape under /api/.
+OLLAMA_PREFIX = "/api/"
+OLLAMA_VERSION_PATHS = ("/api/version",)
+OLLAMA_TAGS_PATHS = ("/api/tags",)
+OLLAMA_PS_PATHS = ("/api/ps",)
+OLLAMA_DELETE_PATHS = ("/api/delete",)  # DELETE with a JSON body
+OLLAMA_PULL_PATHS = ("/api/pull",)
+OLLAMA_COPY_PATHS = ("/api/copy",)
+OLLAMA_CREATE_PATHS = ("/api/create",)
+# HEAD is answered where Ollama's clients probe: the root, the version, the model list.
+HEAD_PATHS = ("/", *OLLAMA_VERSION_PATHS, *OLLAMA_TAGS_PATHS)
 GET_PATHS = (
     HEALTH_PATHS
     + MODELS_PATHS
@@ -83,6 +97,9 @@ GET_PATHS = (
     + USAGE_PATHS
     + KEYS_PATHS
     + OPENAPI_PATHS
+    + OLLAMA_VERSION_PATHS
+    + OLLAMA_TAGS_PATHS
+    + OLLAMA_PS_PATHS
 )
 # Answered without an API key: what a load balancer polls, and the API's description
 # (and the image links under LINK_PREFIX, whose random names are their access).
@@ -102,6 +119,10 @@ ADMIN_PATHS = (
     + ADAPTER_UNLOAD_PATHS
     + METRICS_PATHS
     + KEYS_PATHS
+    + OLLAMA_PULL_PATHS
+    + OLLAMA_DELETE_PATHS
+    + OLLAMA_COPY_PATHS
+    + OLLAMA_CREATE_PATHS
 )
 
 # Each group of POST paths and the endpoint that answers it (an attribute of Routes).
@@ -128,6 +149,14 @@ POST_ROUTES: tuple[tuple[tuple[str, ...], str], ...] = (
     (TOKENIZE_PATHS, "tokenizer.tokenize"),
     (INFILL_PATHS, "infill.infill"),
     (DETOKENIZE_PATHS, "tokenizer.detokenize"),
+    (("/api/chat",), "ollama.chat"),
+    (("/api/generate",), "ollama.generate"),
+    (("/api/show",), "ollama.show"),
+    (("/api/embed",), "ollama.embed"),
+    (("/api/embeddings",), "ollama.embeddings"),
+    (OLLAMA_PULL_PATHS, "ollama.pull"),
+    (OLLAMA_COPY_PATHS, "ollama.copy"),
+    (OLLAMA_CREATE_PATHS, "ollama.create"),
 )
 
 # A POST endpoint: (request body, the connection) -> a JSON reply, a whole reply of
@@ -151,6 +180,7 @@ class Routes:
     image_links: ImageLinks = field(default_factory=ImageLinks)
     status: StatusEndpoint = field(init=False)
     infill: InfillEndpoints = field(init=False)
+    ollama: OllamaEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
     batch_keeper: BatchKeeper = field(init=False)
     batches: BatchRoutes = field(init=False)
@@ -171,6 +201,7 @@ class Routes:
         self.speech = SpeechEndpoints(self.service)
         self.images = ImageEndpoints(self.service, self.image_links)
         self.infill = InfillEndpoints(self.service)
+        self.ollama = OllamaEndpoints(self.service, ModelNames(names_path(config.model_names_db)))
         self.post = {
             path: attrgetter(endpoint)(self) for paths, endpoint in POST_ROUTES for path in paths
         }
@@ -201,7 +232,7 @@ class Routes:
 
     def endpoint(self, path: str) -> str:
         """The path as a metrics label: a known path, or "other" (labels stay bounded)."""
-        if path in self.post or path in GET_PATHS:
+        if path in self.post or path in GET_PATHS or path in OLLAMA_DELETE_PATHS:
             return path
         if batch_paths.is_batch_path(path):
             return batch_paths.label(path)
@@ -225,9 +256,11 @@ class Routes:
 
     @staticmethod
     def errors(path: str) -> ErrorRenderer:
-        """Errors on Anthropic's paths in its shape, on llama.cpp's /infill in llama.cpp's;
-        everything else in OpenAI's."""
+        """Errors on Anthropic's paths in its shape, on llama.cpp's /infill in llama.cpp's,
+        on Ollama's /api/ in Ollama's; everything else in OpenAI's."""
         if path in INFILL_PATHS:
             return llama_cpp_error
+        if path.startswith(OLLAMA_PREFIX):
+            return ollama_error
         anthropic = path in ANTHROPIC_PATHS or batch_paths.is_anthropic_path(path)
         return anthropic_error if anthropic else openai_error

@@ -25,6 +25,7 @@ from mlxserve.api.batches.openai import BatchCreate
 from mlxserve.api.images.endpoints import MAX_IMAGES, MAX_PARTIAL_IMAGES, GenerationBody
 from mlxserve.api.images.links import LINK_PREFIX
 from mlxserve.api.infill.requests import InfillRequest
+from mlxserve.api.ollama import requests as o
 from mlxserve.api.openai.embeddings import EmbeddingsRequest
 from mlxserve.api.openai.requests import (
     AdapterLoad,
@@ -43,7 +44,9 @@ from mlxserve.audio.codec import OUTPUT_FORMATS
 from mlxserve.images.codec import OUTPUT_FORMATS as IMAGE_FORMATS
 
 OPENAI, ANTHROPIC, LLAMA_CPP = "OpenAIError", "AnthropicError", "LlamaCppError"
+OLLAMA = "OllamaError"
 JSON, SSE, TEXT = "application/json", "text/event-stream", "text/plain"
+NDJSON = "application/x-ndjson"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ class Operation:
 def _stream(whole: s.Schema) -> dict[str, s.Schema]:
     """A reply whole, or as server-sent events when the request asks to stream."""
     return {JSON: whole, SSE: s.SSE_EVENT}
+
+
+def _lines(whole: s.Schema) -> dict[str, s.Schema]:
+    """Ollama's: NDJSON lines unless the request says `stream: false` (then whole)."""
+    return {JSON: whole, NDJSON: s.STRING}
 
 
 TRANSCRIPTION_FORM = s.obj(
@@ -157,6 +165,19 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/responses/{response_id}/input_items", "A stored response's input items", "responses", {JSON: s.ITEM_LIST}, query={**LIMIT, "order": {"enum": ["asc", "desc"]}, **AFTER}),
     # llama.cpp
     Operation("POST", "/infill", "Fill in the middle (llama.cpp's shape)", "editors", _stream(s.INFILLED), InfillRequest, error=LLAMA_CPP),
+    # Ollama
+    Operation("GET", "/api/version", "Ollama: the API version served", "ollama", {JSON: s.OLLAMA_VERSION}, error=OLLAMA),
+    Operation("GET", "/api/tags", "Ollama: the models", "ollama", {JSON: s.OLLAMA_TAGS}, error=OLLAMA),
+    Operation("GET", "/api/ps", "Ollama: the models in memory", "ollama", {JSON: s.OLLAMA_PS}, error=OLLAMA),
+    Operation("POST", "/api/show", "Ollama: a model's details", "ollama", {JSON: s.OLLAMA_SHOW}, o.ShowRequest, error=OLLAMA),
+    Operation("POST", "/api/chat", "Ollama: chat", "ollama", _lines(s.OLLAMA_REPLY), o.ChatRequest, error=OLLAMA),
+    Operation("POST", "/api/generate", "Ollama: generate (raw, context, suffix)", "ollama", _lines(s.OLLAMA_REPLY), o.GenerateRequest, error=OLLAMA),
+    Operation("POST", "/api/embed", "Ollama: embeddings", "ollama", {JSON: s.OLLAMA_EMBED}, o.EmbedRequest, error=OLLAMA),
+    Operation("POST", "/api/embeddings", "Ollama: one embedding (the older route)", "ollama", {JSON: s.OLLAMA_EMBEDDING}, o.EmbeddingsRequest, error=OLLAMA),
+    Operation("POST", "/api/pull", "Ollama: download a hub repo", "ollama", _lines(s.OLLAMA_PROGRESS), o.PullRequest, error=OLLAMA, admin=True),
+    Operation("POST", "/api/copy", "Ollama: a new name for a model", "ollama", {JSON: s.OBJECT}, o.CopyRequest, error=OLLAMA, admin=True),
+    Operation("POST", "/api/create", "Ollama: a named model over another", "ollama", _lines(s.OLLAMA_PROGRESS), o.CreateRequest, error=OLLAMA, admin=True),
+    Operation("DELETE", "/api/delete", "Ollama: delete a model or a name", "ollama", {JSON: s.OBJECT}, o.DeleteRequest, error=OLLAMA, admin=True),
     # Batch jobs
     Operation("POST", "/v1/files", "Upload a batch input file", "batches", {JSON: s.ref("File")}, UPLOAD_FORM),
     Operation("GET", "/v1/files", "Files", "batches", {JSON: s.FILE_LIST}, query={"purpose": s.STRING, **LIMIT, "order": {"enum": ["asc", "desc"]}, **AFTER}),

@@ -278,11 +278,80 @@ KEY_LIST = obj(
 )
 OPENAPI = obj({"openapi": STRING, "info": OBJECT, "paths": OBJECT})
 
+# Ollama --------------------------------------------------------------------------------
+
+OLLAMA_ERROR = obj({"error": STRING})
+OLLAMA_DETAILS = obj(
+    {
+        "format": STRING,
+        "family": STRING,
+        "families": array(STRING),
+        "parameter_size": STRING,
+        "quantization_level": STRING,
+    },
+    {"parent_model": STRING},
+)
+_OLLAMA_MODEL = {
+    "name": STRING,
+    "model": STRING,
+    "size": INTEGER,
+    "digest": STRING,
+    "details": OLLAMA_DETAILS,
+}
+OLLAMA_TAGS = obj({"models": array(obj({**_OLLAMA_MODEL, "modified_at": STRING}))})
+OLLAMA_PS = obj(
+    {
+        "models": array(
+            obj(
+                {
+                    **_OLLAMA_MODEL,
+                    "expires_at": STRING,
+                    "size_vram": INTEGER,
+                    "context_length": INTEGER,
+                }
+            )
+        )
+    }
+)
+OLLAMA_VERSION = obj({"version": STRING})
+OLLAMA_SHOW = obj(
+    {
+        "details": OLLAMA_DETAILS,
+        "model_info": OBJECT,
+        "capabilities": array(STRING),
+        "modified_at": STRING,
+    },
+    {"template": STRING, "parameters": STRING, "modelfile": STRING, "license": STRING},
+)
+# A chat or generate reply whole, or its last NDJSON line (the others have done: false)
+OLLAMA_REPLY = obj(
+    {"model": STRING, "created_at": STRING, "done": BOOLEAN},
+    {
+        "message": obj({"role": STRING, "content": STRING}),
+        "response": STRING,
+        "thinking": STRING,
+        "done_reason": STRING,
+        "total_duration": INTEGER,
+        "load_duration": INTEGER,
+        "prompt_eval_count": INTEGER,
+        "prompt_eval_duration": INTEGER,
+        "eval_count": INTEGER,
+        "eval_duration": INTEGER,
+        "context": array(INTEGER),
+    },
+)
+OLLAMA_EMBED = obj({"model": STRING, "embeddings": array(array(NUMBER))})
+OLLAMA_EMBEDDING = obj({"embedding": array(NUMBER)})
+OLLAMA_PROGRESS = obj(
+    {"status": STRING}, {"digest": STRING, "total": INTEGER, "completed": INTEGER}
+)
+
 # Named in components (referenced where they recur).
 COMPONENTS: dict[str, Schema] = {
     "OpenAIError": OPENAI_ERROR,
     "AnthropicError": ANTHROPIC_ERROR,
     "LlamaCppError": LLAMA_CPP_ERROR,
+    "OllamaError": OLLAMA_ERROR,
     "Model": MODEL,
     "File": FILE,
     "Batch": BATCH,
