@@ -157,7 +157,7 @@ class OllamaEndpoints:
             request = made.apply(request)
         clock = Clock(load=self._resident(spec, keep))
         prepared = self.service.prepare_chat(request, REASONING_FORMAT)
-        self._check_context(options, prepared, spec)
+        self._check_context(options, prepared)
         return self._reply(prepared, shape, wire.stream, responder, clock, spec, keep)
 
     def generate(self, raw: bytes, responder: Responder) -> dict | None:
@@ -188,7 +188,7 @@ class OllamaEndpoints:
             prepared = self.service.prepare_completion(
                 generate_completion(wire, model, options, self._raw_prompt(wire, model))
             )
-        self._check_context(options, prepared, spec)
+        self._check_context(options, prepared)
         context = prepared.prompts[0] if not wire.raw else None
         return self._reply(prepared, shape, wire.stream, responder, clock, spec, keep, context)
 
@@ -279,7 +279,6 @@ class OllamaEndpoints:
             dimensions=wire.dimensions,
             keep_last_tokens=-1 if wire.truncate else None,
         )
-        clock.begin()
         _, found = self.service.embed(request, responder.client_gone)
         vectors = found.vectors / np.maximum(
             np.linalg.norm(found.vectors, axis=1, keepdims=True), 1e-12
@@ -453,7 +452,7 @@ class OllamaEndpoints:
         """The request's options over those its name was made with."""
         return read_options({**((made.parameters or {}) if made else {}), **(given or {})})
 
-    def _check_context(self, options: Options, prepared: Prepared, spec: ModelSpec) -> None:
+    def _check_context(self, options: Options, prepared: Prepared) -> None:
         """num_ctx beyond the model's context is a 400 (the model's context is used)."""
         limit = prepared.context_length
         if options.num_ctx is not None and limit is not None and options.num_ctx > limit:
