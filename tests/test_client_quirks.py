@@ -4,6 +4,8 @@ tools) are left out of the prompt instead of failing the request."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 from conversations import WEATHER_TOOL
 from helpers.tools import WEATHER
@@ -117,3 +119,76 @@ def test_cache_hits_are_reported_and_a_divergence_is_shown(server):
     assert lines and f"at token {cached} of {usage['prompt_tokens']}" in lines[-1], lines
     assert "Session:" in lines[-1].split(">>>")[0] and "p2m8w" in lines[-1].split(">>>")[1]
     assert f"prompt={usage['prompt_tokens']} cached={cached} " in access[-1]
+
+
+# OpenAI's older function calling (Dify's "Function Call" mode) ------------------------------
+
+FUNCTION = WEATHER_TOOL["function"]
+
+
+def test_functions_are_tools_answered_in_the_older_shape(server):
+    """`functions` reach the prompt as tools do; the call comes back as
+    `message.function_call` with finish_reason "function_call", whole and streamed."""
+    import openai
+
+    sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    reply = sdk.chat.completions.create(model="default", messages=question, functions=[FUNCTION])
+    choice = reply.choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    assert choice.message.function_call.name == "get_weather"
+    assert json.loads(choice.message.function_call.arguments) == {"city": "Paris"}
+    chunks = list(
+        sdk.chat.completions.create(
+            model="default", messages=question, functions=[FUNCTION], stream=True
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    name = "".join(d.function_call.name or "" for d in deltas if d.function_call)
+    arguments = "".join(d.function_call.arguments or "" for d in deltas if d.function_call)
+    assert name == "get_weather" and json.loads(arguments) == {"city": "Paris"}
+    assert not any(d.tool_calls for d in deltas)
+    assert chunks[-1].choices[0].finish_reason == "function_call"
+    # function_call "none": no call; a named one: that function
+    none = sdk.chat.completions.create(
+        model="default", messages=question, functions=[FUNCTION], function_call="none"
+    )
+    assert none.choices[0].message.function_call is None
+
+
+def test_a_function_message_is_the_result_of_the_call_before_it(server):
+    """A `function` message answers the assistant's `function_call`: the prompt is the one
+    the same turn with tool_calls and a tool message renders."""
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    legacy = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "Sunny, 21 C"},
+    ]
+    modern = [
+        legacy[0],
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+    ]  # fmt: skip
+    counted = [
+        server.post("/tokenize", {"messages": messages, "tools": [WEATHER_TOOL]})[2]["tokens"]
+        for messages in (legacy, modern)
+    ]
+    assert counted[0] == counted[1]
+    status, _, body = server.post(
+        "/v1/chat/completions", {"messages": legacy, "tools": [WEATHER_TOOL], "functions": []}
+    )
+    assert status == 400 and "not both" in body["error"]["message"]
+
+
+def test_every_name_a_request_may_use_has_a_model_entry(launch, tiny_model):
+    """GET /v1/models/{id} for the served alias and --model-alias names, as requests use
+    them: a client that checks its model first accepts a name that works."""
+    srv = launch(tiny_model, "--model-alias", "claude-*=default", "--model-alias", "small=default")
+    for name in ("default", "small", "claude-sonnet-4-5"):
+        status, _, entry = srv.get(f"/v1/models/{name}")
+        assert status == 200 and entry["id"] == name and entry["object"] == "model"
+        assert entry["kind"] == "chat" and entry["context_length"] == 4096
+    status, _, missing = srv.get("/v1/models/gpt-4o")
+    assert status == 404 and missing["error"]["code"] == "model_not_found"

@@ -185,6 +185,16 @@ class ChatService:
             if caller.allows(adapter.name, adapter.base)
         ]
 
+    def model_entry(self, requested: str) -> dict:
+        """The /v1/models entry of the model (or adapter) a request's name stands for."""
+        provider = self.provider
+        adapter = provider.adapter(requested)
+        spec = provider.resolve(requested)
+        entry = (
+            provider.adapter_entry(adapter) if adapter else provider.model_entry(requested, spec)
+        )
+        return {**entry, "capabilities": self.capabilities(spec)}
+
     def capabilities(self, spec: ModelSpec) -> dict:
         """`tools`: every generative model takes them (injected into the prompt where its
         template has none). `reasoning`: whether its replies carry reasoning, read from

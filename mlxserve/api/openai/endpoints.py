@@ -20,7 +20,7 @@ from mlxserve.api.openai.responses import ChatFormat, CompletionFormat
 from mlxserve.api.responder import Responder
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
-from mlxserve.protocol.errors import not_found
+from mlxserve.protocol.errors import ErrorKind, ServiceError, not_found
 from mlxserve.service.adapters import free_adapter, load_adapter, remove_adapter
 from mlxserve.service.chat import ChatService, Prepared
 from mlxserve.service.run import Step
@@ -46,12 +46,20 @@ class OpenAIEndpoints:
         return {"object": "list", "data": self.service.models()}
 
     def model(self, model_id: str) -> dict:
+        """Any name a request may use: a listed id, or an alias, `default`, a cached
+        model or a folder a request may name (its entry, under the name asked for)."""
         for entry in self.service.models():
             if entry["id"] == model_id:
                 return entry
-        raise not_found(
-            f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
-        )
+        try:
+            self.service.resolve(model_id)
+        except ServiceError as e:
+            if e.kind is not ErrorKind.NOT_FOUND:
+                raise
+            raise not_found(
+                f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
+            ) from e
+        return {**self.service.model_entry(model_id), "id": model_id}
 
     def load_model(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/models/load: make a model (or an adapter) resident now."""
@@ -122,7 +130,8 @@ class OpenAIEndpoints:
     def chat(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ChatRequest, raw)
         prepared = self.service.prepare_chat(chat_request(wire))
-        fmt = ChatFormat(wire.model or self.service.provider.alias, prepared.texts)
+        model = wire.model or self.service.provider.alias
+        fmt = ChatFormat(model, prepared.texts, legacy_functions=wire.legacy_functions)
         return self._reply(prepared, fmt, wire.stream, wire.include_usage, responder)
 
     def completion(self, raw: bytes, responder: Responder) -> dict | None:

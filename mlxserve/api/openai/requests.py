@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from mlxserve.api.wire import Strict as _Strict
 from mlxserve.api.wire import check_tool_choice, tool_choice
@@ -93,10 +94,12 @@ RESERVED_TEMPLATE_KWARGS = {
 
 
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function": a result of OpenAI's older function calling (`functions`)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None  # the older functions' call, in an assistant turn
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
@@ -194,6 +197,10 @@ class ChatRequest(GenerationRequest):
     tools: list[Tool] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
+    # OpenAI's older function calling (Dify's "Function Call" mode): tools by another name,
+    # answered in the older shape (`message.function_call`, finish_reason "function_call")
+    functions: list[FunctionDefinition] | None = None
+    function_call: str | dict | None = None
     chat_template_kwargs: dict | None = None
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None
@@ -211,6 +218,26 @@ class ChatRequest(GenerationRequest):
     def _tool_choice(cls, value):
         shape = "must be {'type': 'function', 'function': {'name': ...}}"
         return check_tool_choice(value, _function_name, shape)
+
+    @field_validator("function_call")
+    @classmethod
+    def _function_call(cls, value):
+        if isinstance(value, dict) and not isinstance(value.get("name"), str):
+            raise ValueError("must be 'auto', 'none' or {'name': ...}")
+        if isinstance(value, str) and value not in ("auto", "none"):
+            raise ValueError("must be 'auto', 'none' or {'name': ...}")
+        return value
+
+    @model_validator(mode="after")
+    def _tools_or_functions(self):
+        if self.functions is not None and self.tools is not None:
+            raise ValueError("give tools or functions (the older form), not both")
+        return self
+
+    @property
+    def legacy_functions(self) -> bool:
+        """Whether the request uses the older function calling (and wants its replies)."""
+        return self.functions is not None
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -306,16 +333,17 @@ class AdapterUnload(_Strict):
 
 
 def chat_request(wire: ChatRequest) -> neutral.ChatRequest:
+    functions = wire.functions or [tool.function for tool in wire.tools or []]
     return neutral.ChatRequest(
         **_generation_fields(wire, wire.token_limit),
         max_tokens_param=wire.token_limit_param,
-        messages=tuple(_message(m, f"messages[{i}]") for i, m in enumerate(wire.messages)),
-        tools=tuple(
-            neutral.Tool(f.name, f.description, f.parameters, f.strict)
-            for f in (tool.function for tool in wire.tools or [])
-        ),
-        tool_choice=tool_choice(wire.tool_choice, _function_name),
-        parallel_tool_calls=wire.parallel_tool_calls,
+        messages=_messages(wire.messages),
+        tools=tuple(neutral.Tool(f.name, f.description, f.parameters, f.strict) for f in functions),
+        tool_choice=_legacy_choice(wire.function_call)
+        if wire.legacy_functions
+        else tool_choice(wire.tool_choice, _function_name),
+        # the older form answers one function_call a reply
+        parallel_tool_calls=wire.parallel_tool_calls and not wire.legacy_functions,
         reasoning_effort=wire.reasoning_effort,
         template_kwargs=_template_kwargs(wire),
     )
@@ -357,9 +385,35 @@ def _generation_fields(wire: ChatRequest | CompletionRequest, max_tokens: int | 
     }
 
 
+def _messages(messages: list[Message]) -> tuple[neutral.Message, ...]:
+    """Each message as the neutral one; an older `function_call` is a tool call with an
+    id, and a `function` message the result of the call it follows (named alike, else
+    the earliest unanswered)."""
+    out = []
+    unanswered: list[neutral.ToolCall] = []
+    for i, message in enumerate(messages):
+        converted = _message(message, f"messages[{i}]")
+        if message.function_call is not None:
+            call = message.function_call
+            legacy = neutral.ToolCall(f"call_{i}", call.name, call.arguments)
+            converted = replace(converted, tool_calls=(*converted.tool_calls, legacy))
+        if converted.tool_calls:
+            unanswered = list(converted.tool_calls)
+        if message.role == "function":
+            answered = next((c for c in unanswered if c.name == message.name), None)
+            answered = answered or (unanswered[0] if unanswered else None)
+            if answered is not None:
+                unanswered.remove(answered)
+            call_id = answered.id if answered is not None else None
+            converted = replace(converted, role="tool", tool_call_id=call_id)
+        out.append(converted)
+    return tuple(out)
+
+
 def _message(message: Message, param: str) -> neutral.Message:
+    role = message.role
     return neutral.Message(
-        role="system" if message.role == "developer" else message.role,
+        role="system" if role == "developer" else "tool" if role == "function" else role,
         content=_content(message.content, param),
         param=param,
         name=message.name,
@@ -370,6 +424,13 @@ def _message(message: Message, param: str) -> neutral.Message:
         tool_call_id=message.tool_call_id,
         reasoning=message.reasoning_content or message.reasoning or message.thinking,
     )
+
+
+def _legacy_choice(value: str | dict | None) -> neutral.ToolChoice:
+    """The older function_call as the neutral tool choice."""
+    if isinstance(value, dict):
+        return neutral.ToolChoice("required", value["name"], "function_call")
+    return neutral.ToolChoice("none" if value == "none" else "auto", param="function_call")
 
 
 def _content(content: str | list[ContentPart] | None, param: str):

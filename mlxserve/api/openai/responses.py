@@ -65,21 +65,28 @@ class ReplyFormat:
         return {**self.envelope(self.chunk_object, []), "usage": usage_dict(usage)}
 
 
+@dataclass
 class ChatFormat(ReplyFormat):
     id_prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
+    # The request used the older `functions`: its call comes back as `function_call`
+    legacy_functions: bool = False
 
     def start_chunk(self, index: int) -> dict | None:
         return self._chunk(index, {"role": "assistant", "content": ""})
 
     def event_chunk(self, choice: Choice, event: Event | None, entries: list[TokenLogprob]) -> dict:
-        chunk = self._chunk(choice.index, _delta(event))
+        delta = _legacy_delta(event) if self.legacy_functions else _delta(event)
+        chunk = self._chunk(choice.index, delta)
         if choice.logprobs is not None:
             chunk["choices"][0]["logprobs"] = {"content": [self._entry(e) for e in entries]}
         return chunk
 
     def finish_chunk(self, index: int, finish_reason: str) -> dict:
-        return self._chunk(index, {}, finish_reason)
+        return self._chunk(index, {}, self._finish_reason(finish_reason))
+
+    def _finish_reason(self, reason: str | None) -> str | None:
+        return "function_call" if self.legacy_functions and reason == "tool_calls" else reason
 
     def response(self, choices: list[Choice], usage: Usage) -> dict:
         out = []
@@ -88,13 +95,15 @@ class ChatFormat(ReplyFormat):
             message: dict = {"role": "assistant", "content": None if calls and not text else text}
             if choice.reasoning:
                 message["reasoning_content"] = message["reasoning"] = choice.reasoning
-            if calls:
+            if calls and self.legacy_functions:
+                message["function_call"] = {"name": calls[0].name, "arguments": calls[0].text}
+            elif calls:
                 message["tool_calls"] = [tool_call_dict(call) for call in calls]
             item = {
                 "index": choice.index,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": choice.finish_reason,
+                "finish_reason": self._finish_reason(choice.finish_reason),
             }
             if choice.logprobs is not None:
                 item["logprobs"] = {"content": [self._entry(e) for e in choice.logprobs]}
@@ -129,6 +138,15 @@ def _delta(event: Event | None) -> dict:
     if isinstance(event, ToolCallArguments):
         return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
     return {}
+
+
+def _legacy_delta(event: Event | None) -> dict:
+    """The older functions' delta: `function_call` (a request of them makes one call)."""
+    if isinstance(event, ToolCallStart):
+        return {"function_call": {"name": event.name, "arguments": ""}}
+    if isinstance(event, ToolCallArguments):
+        return {"function_call": {"arguments": event.text}}
+    return _delta(event)
 
 
 class CompletionFormat(ReplyFormat):
