@@ -57,7 +57,7 @@ class _Generation(Strict):
 
     model: str = ""
     think: bool | ThinkLevel | None = None
-    format: Literal["json", ""] | dict | None = None
+    format: str | dict | None = None  # "json", or a JSON schema
     options: dict | None = None
     stream: bool = True
     keep_alive: KeepAlive = None
@@ -65,6 +65,13 @@ class _Generation(Strict):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
     truncate: bool | None = None  # accepted: a prompt over the context is a 400 here
     shift: bool | None = None  # accepted, unused
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in ("json", ""):
+            raise ValueError('must be "json" or a JSON schema')
+        return value
 
 
 class ChatRequest(_Generation):
