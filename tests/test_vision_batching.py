@@ -228,8 +228,21 @@ def test_speculation_gives_the_same_tokens(launch, family, library):
     bodies = requests(family.end_token)
     drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
-    assert drafted_tokens(srv) > accepted_drafts(srv) > 0
+    assert_some_rejected(drafted_tokens(srv), accepted_drafts(srv), library)
     assert replayed(srv) == 0
+
+
+def assert_some_rejected(drafted: float, accepted: float, library: list[tuple]) -> None:
+    """Drafts accepted, and some rejected, unless every reply ends in one token repeated
+    over its last half: drafts from the context, or from the same language model, can
+    then only be right. Which it is depends on the fixture's training arithmetic: past a
+    reply's end (forbidden here) nothing was trained, and a cold build of tiny-vision on
+    the 2-core machine writes dots after every answer ('Red...............')."""
+    repeats = all(len(set(tokens[len(tokens) // 2 :])) == 1 for _, tokens, _ in library)
+    if repeats:
+        assert drafted == accepted > 0
+    else:
+        assert drafted > accepted > 0
 
 
 def accepted_drafts(srv) -> float:
@@ -256,7 +269,7 @@ def test_a_draft_model_drafts_beside_images(launch, family, library):
     counts = (drafted_tokens(srv), accepted_drafts(srv))  # the server's first requests
     drafted = concurrently(lambda body: reply(srv, body, streamed=False), bodies)
     assert all(same(a, b) for a, b in zip(drafted, library, strict=True)), (drafted, library)
-    assert counts[0] > counts[1] > 0
+    assert_some_rejected(*counts, library)
     assert (drafted_tokens(srv) - counts[0], accepted_drafts(srv) - counts[1]) == counts
     assert replayed(srv) == 0
 
