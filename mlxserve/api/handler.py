@@ -19,7 +19,6 @@ from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
 from mlxserve.api.images.links import LINK_PREFIX
-from mlxserve.api.ollama.endpoints import RUNNING
 from mlxserve.api.openapi.document import document
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
 from mlxserve.api.routes import (
@@ -230,9 +229,7 @@ class APIHandler(BaseHTTPRequestHandler):
     def _get(self, path: str) -> None:
         endpoints = self.app.routes.openai
         ollama = self.app.routes.ollama
-        if path == "/" and "text/html" not in (self.headers.get("Accept") or ""):
-            self._send(200, RUNNING, "text/plain; charset=utf-8")  # Ollama's liveness probe
-        elif is_asset_path(path):
+        if is_asset_path(path):
             self._send_asset(path)
         elif path in OLLAMA_VERSION_PATHS:
             self._send_json(200, ollama.version())

@@ -43,7 +43,6 @@ from mlxserve.service.run import Step
 
 # The version of Ollama's API whose fields are served (clients gate features on it).
 VERSION = "0.13.0"
-RUNNING = b"Ollama is running"  # what GET / says to a client that is not a browser
 REASONING_FORMAT = "separate"  # thinking goes in `thinking`, as Ollama's replies put it
 FOREVER = timedelta(days=365 * 292)  # Ollama's "forever": now + the longest Go duration
 # The kinds an Ollama client can use: it chats with them, or embeds with them
