@@ -362,13 +362,17 @@ def test_a_head_that_does_not_fit_its_family_is_a_warning(launch, glm_mtp_model,
         # a split-out MTP drafter (mlx-vlm's table names its kind by model type)
         (
             "tiny_model",
-            {"model_type": "gemma4_assistant"},
+            lambda config: {"model_type": "gemma4_assistant"},
             "is a mtp drafter, which mlxserve does not serve",
         ),
-        # a DFlash variant whose block pass is not implemented here
+        # a DFlash variant whose block pass is not implemented here (a type for each layer,
+        # as the loader reads them)
         (
             "dflash_drafter",
-            {"layer_types": ["sliding_attention"], "sliding_window": 64},
+            lambda config: {
+                "layer_types": ["sliding_attention"] * config["num_hidden_layers"],
+                "sliding_window": 64,
+            },
             "uses sliding-window layers, which is not served",
         ),
     ],
@@ -386,7 +390,7 @@ def test_a_drafter_of_a_kind_not_served_is_refused_at_start(
     folder = tmp_path / "tiny-drafter"
     shutil.copytree(request.getfixturevalue(drafter), folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    (folder / "config.json").write_text(json.dumps({**config, **changes(config)}))
     command = [sys.executable, "-m", "mlxserve", "--model", str(tiny_model)]
     command += ["--draft-model", str(folder), "--port", "0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
