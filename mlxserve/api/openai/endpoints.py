@@ -54,7 +54,8 @@ class OpenAIEndpoints:
         try:
             self.service.resolve(model_id)
         except ServiceError as e:
-            if e.kind is not ErrorKind.NOT_FOUND:
+            # a model the caller's key may not use is not there for it, as in the list
+            if e.kind not in (ErrorKind.NOT_FOUND, ErrorKind.FORBIDDEN):
                 raise
             raise not_found(
                 f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
