@@ -537,13 +537,11 @@ class _Reply:
         """Calls whose arguments are complete (another block follows, or the choice
         ended), not sent yet: Ollama sends a call whole."""
         blocks = step.choice.blocks
-        complete = [
-            i
-            for i, b in enumerate(blocks)
-            if b.kind == "tool_call" and (step.finished or i < len(blocks) - 1)
+        ready = [
+            block
+            for i, block in enumerate(blocks)
+            if block.kind == "tool_call" and (step.finished or i < len(blocks) - 1)
         ]
-        calls = step.choice.tool_calls
-        ready = [b for b in calls if blocks.index(b) in complete]
         new = ready[self.sent_calls :]
         start = self.sent_calls
         self.sent_calls = len(ready)
