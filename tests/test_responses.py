@@ -492,6 +492,83 @@ def test_previous_response_id_chains_from_the_prompt_cache(launch, tiny_model):
     assert third.usage.input_tokens_details.cached_tokens >= second.usage.input_tokens
 
 
+def test_item_references_stand_for_the_stored_items(server):
+    """The Vercel AI SDK's default second turn: the earlier output as item_reference items
+    (typed, or an id alone), the tool's output itself. The prompt is the conversation's
+    with the items in their places (the referenced reasoning is the server's own, so it
+    is rendered), continued from the prompt cache; the stored input lists the items."""
+    sdk = client(server)
+    think = BY_NAME["think"]
+    first = sdk.responses.create(**body(think))
+    reasoning, message = first.output
+    again = {"role": "user", "content": "Count to five."}
+    referenced = sdk.responses.create(
+        model="default",
+        input=[
+            *think.messages,
+            {"type": "item_reference", "id": reasoning.id},
+            {"id": message.id},
+            again,
+        ],
+        max_output_tokens=1,
+    )
+    history = [
+        *think.messages,
+        {"role": "assistant", "content": think.content, "reasoning_content": think.reasoning},
+        again,
+    ]
+    assert referenced.usage.input_tokens == chat_prompt_tokens(server, history)
+    assert referenced.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    listed = sdk.responses.input_items.list(referenced.id, order="asc").data
+    assert [item.id for item in listed[1:3]] == [reasoning.id, message.id]
+    assert listed[2].model_dump(exclude_none=True) == message.model_dump(exclude_none=True)
+
+    weather = BY_NAME["tool_call"]
+    called = sdk.responses.create(**body(weather))
+    [call] = called.output
+    answered = sdk.responses.create(
+        model="default",
+        input=[
+            *weather.messages,
+            {"type": "item_reference", "id": call.id},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny."},
+        ],
+        tools=[WEATHER],
+        max_output_tokens=1,
+    )
+    spelled = sdk.responses.create(
+        model="default",
+        input=[
+            *weather.messages,
+            call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny."},
+        ],
+        tools=[WEATHER],
+        max_output_tokens=1,
+        store=False,
+    )
+    assert answered.usage.input_tokens == spelled.usage.input_tokens > called.usage.input_tokens
+
+
+def test_an_item_reference_to_no_stored_item_is_a_404_naming_it(server):
+    sdk = client(server)
+    unkept = sdk.responses.create(**body(BY_NAME["capital"], store=False))
+    for item_id in ("msg_nope", unkept.output[0].id):
+        with pytest.raises(openai.NotFoundError) as missing:
+            sdk.responses.create(
+                model="default", input=[*HI, {"type": "item_reference", "id": item_id}]
+            )
+        error = missing.value.body
+        assert error["param"] == "input[1].id" and error["code"] == "item_not_found"
+        assert f"'{item_id}'" in error["message"]
+    kept = sdk.responses.create(**body(BY_NAME["capital"]))
+    sdk.responses.delete(kept.id)
+    status, _, reply = server.post(
+        RESPONSES, {"model": "default", "input": [{"id": kept.output[0].id}]}
+    )
+    assert status == 404 and reply["error"]["param"] == "input[0].id"
+
+
 def test_retrieve_input_items_and_delete(server):
     sdk = client(server)
     conv = BY_NAME["capital"]

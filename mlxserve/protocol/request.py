@@ -62,11 +62,13 @@ class Tool:
     parameters: dict | None = None  # a JSON schema of the arguments
     strict: bool | None = None
 
-    def definition(self) -> dict:
+    def definition(self, grammar: bool = False) -> dict:
         """The tool as chat templates and parsers take it (OpenAI's function shape, the
-        one Hugging Face templates are written for)."""
+        one Hugging Face templates are written for). `strict` is the server's to enforce,
+        so only the grammar sees it: in the prompt, `strict: false` (which some clients
+        send with every tool) would make a prompt the model was not trained on."""
         function: dict[str, Any] = {"name": self.name, "description": self.description}
-        function |= {"parameters": self.parameters, "strict": self.strict}
+        function |= {"parameters": self.parameters, "strict": self.strict if grammar else None}
         return {
             "type": "function",
             "function": {k: v for k, v in function.items() if v is not None},

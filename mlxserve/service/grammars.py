@@ -63,7 +63,7 @@ def _tool_call_grammar(
     choice = request.tool_choice
     if not request.tools:
         raise bad_request("tool_choice requires tools.", param=choice.param)
-    tools = [tool.definition() for tool in request.tools]
+    tools = [tool.definition(grammar=True) for tool in request.tools]
     if choice.name is not None:
         tools = [t for t in tools if t["function"]["name"] == choice.name]
         if not tools:

@@ -1,5 +1,6 @@
-"""Whose files and batches a caller sees: its own key's; an admin key (or a server
-without keys) sees everyone's. Another key's are answered as not found."""
+"""Whose records (files, batches, stored responses, conversations) a caller sees: its own
+key's; an admin key (or a server without keys) sees everyone's. Another key's are answered
+as not found."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from mlxserve.keys.caller import current_caller
 
 
 def new_owner() -> str | None:
-    """What a file or batch made now is owned by: the caller's key name."""
+    """What a record made now is owned by: the caller's key name."""
     return current_caller().name
 
 

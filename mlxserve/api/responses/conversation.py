@@ -95,17 +95,29 @@ class CompactionTrigger(Strict):
     type: Literal["compaction_trigger"]
 
 
+class ItemReference(Strict):
+    """A stored item named by its id, standing for the item itself: the Vercel AI SDK
+    sends a conversation's earlier output so (its type may be left out)."""
+
+    type: Literal["item_reference"] = "item_reference"
+    id: str
+
+
 class OtherItem(Strict):
-    """An item of a hosted tool or feature (web_search_call, item_reference...): refused."""
+    """An item of a hosted tool or feature (web_search_call, mcp_call...): refused."""
 
     type: str
 
 
 def _item_kind(value) -> str | None:
-    """The item's model (an item without a type is a message); the tags are the models'
-    names, which error locations leave out. None (not an item: `null`, a number) is a
-    400 naming it."""
-    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
+    """The item's model (an item without a type is a message, or a reference when it has
+    an id and no role); the tags are the models' names, which error locations leave out.
+    None (not an item: `null`, a number) is a 400 naming it."""
+    if isinstance(value, dict):
+        untyped = "item_reference" if "id" in value and "role" not in value else "message"
+        kind = value.get("type") or untyped
+    else:
+        kind = getattr(value, "type", None)
     return KNOWN.get(kind, "OtherItem") if isinstance(kind, str) else None
 
 
@@ -116,6 +128,7 @@ KNOWN = {
     "reasoning": "ReasoningItem",
     "compaction": "CompactionItem",
     "compaction_trigger": "CompactionTrigger",
+    "item_reference": "ItemReference",
 }
 InputItem = Annotated[
     Annotated[MessageItem, Tag("MessageItem")]
@@ -124,6 +137,7 @@ InputItem = Annotated[
     | Annotated[ReasoningItem, Tag("ReasoningItem")]
     | Annotated[CompactionItem, Tag("CompactionItem")]
     | Annotated[CompactionTrigger, Tag("CompactionTrigger")]
+    | Annotated[ItemReference, Tag("ItemReference")]
     | Annotated[OtherItem, Tag("OtherItem")],
     Discriminator(_item_kind),
 ]
@@ -139,10 +153,12 @@ class _AssistantTurn:
 
 @dataclass
 class Conversation:
-    """Translates items; the first `stored` come from stored responses (their reasoning is
-    this server's own), the rest are the request's `input`."""
+    """Translates items; the first `stored` come from stored responses, the rest are the
+    request's `input`. The reasoning of the items in `own` (indices) is this server's:
+    the stored ones and those an item_reference stood for."""
 
     stored: int = 0
+    own: frozenset[int] = frozenset()
     _out: list[neutral.Message] = field(default_factory=list, init=False)
     _turn: _AssistantTurn | None = field(default=None, init=False)
 
@@ -150,7 +166,7 @@ class Conversation:
         for i, item in enumerate(items):
             where = f"input[{i - self.stored}]" if i >= self.stored else "previous_response_id"
             if isinstance(item, ReasoningItem):
-                self._reasoning(item, i < self.stored, where)
+                self._reasoning(item, i in self.own, where)
             elif isinstance(item, FunctionCallItem):
                 self._assistant(where).calls.append(
                     neutral.ToolCall(item.call_id, item.name, item.arguments)
@@ -174,11 +190,11 @@ class Conversation:
         self._flush()
         return _leading_system(instructions, self._out)
 
-    def _reasoning(self, item: ReasoningItem, stored: bool, where: str) -> None:
+    def _reasoning(self, item: ReasoningItem, own: bool, where: str) -> None:
         turn = self._turn
         if turn is not None and (turn.parts or turn.calls):
             self._flush()
-        text = _reasoning_text(item, stored, where)
+        text = _reasoning_text(item, own, where)
         if text is None:
             log.debug("reasoning at %s is not this server's; left out of the prompt", where)
         else:
@@ -204,11 +220,11 @@ class Conversation:
         )
 
 
-def _reasoning_text(item: ReasoningItem, stored: bool, where: str) -> str | None:
+def _reasoning_text(item: ReasoningItem, own: bool, where: str) -> str | None:
     """A stored item's text is the server's own; a client's counts only when sealed here."""
     if item.encrypted_content is not None:
         return REASONING.unseal(item.encrypted_content, f"{where}.encrypted_content")
-    if stored:
+    if own:
         return "".join(part.text for part in item.content or item.summary)
     return None
 

@@ -11,9 +11,9 @@ from pydantic import TypeAdapter
 
 from mlxserve.api.responder import Responder
 from mlxserve.api.responses.compaction import compaction_item, summary_request
-from mlxserve.api.responses.conversation import InputItem, MessageItem
+from mlxserve.api.responses.conversation import InputItem, ItemReference, MessageItem
 from mlxserve.api.responses.output import ResponseBuilder, ResponseStream, new_id
-from mlxserve.api.responses.requests import ResponsesRequest, chat_request
+from mlxserve.api.responses.requests import Resolved, ResponsesRequest, chat_request
 from mlxserve.api.responses.store import ResponseStore, StoredResponse
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
@@ -46,7 +46,7 @@ class ResponsesEndpoints:
         self.store = ResponseStore(config.responses_store_size, max_bytes)
 
     def create(self, raw: bytes, responder: Responder) -> dict | None:
-        wire = parse(ResponsesRequest, raw)
+        wire = self._resolved(parse(ResponsesRequest, raw))
         if wire.compaction_triggered:
             return self._compaction(wire, responder, self._keeper(wire))
         prepared = self.service.prepare_chat(self._chat(wire), REASONING_FORMAT)
@@ -68,7 +68,7 @@ class ResponsesEndpoints:
     def compact(self, raw: bytes, responder: Responder) -> dict | None:
         """POST /v1/responses/compact: the conversation's compaction, as a
         `response.compaction` object (never stored, never streamed)."""
-        wire = parse(ResponsesRequest, raw)
+        wire = self._resolved(parse(ResponsesRequest, raw))
         if wire.stream:
             raise bad_request("/v1/responses/compact does not stream.", "stream")
         response = self._compaction(wire, responder, lambda _: None)
@@ -81,7 +81,7 @@ class ResponsesEndpoints:
             "usage": response["usage"],
         }
 
-    def _compaction(self, wire: ResponsesRequest, responder: Responder, keep) -> dict | None:
+    def _compaction(self, wire: Resolved, responder: Responder, keep) -> dict | None:
         """A response whose one output item is the conversation's compaction: a summary
         the model writes (compaction.py), sealed."""
         prepared = self.service.prepare_chat(summary_request(self._chat(wire)), REASONING_FORMAT)
@@ -113,13 +113,37 @@ class ResponsesEndpoints:
         sse.close()
         return None
 
-    def _chat(self, wire: ResponsesRequest):
+    def _chat(self, wire: Resolved):
         """The neutral request: the stored chain `previous_response_id` continues, then
         the input."""
         history = []
         if wire.previous_response_id is not None:
             history = _ITEMS.validate_python(self.store.history(wire.previous_response_id))
         return chat_request(wire, history)
+
+    def _resolved(self, wire: ResponsesRequest) -> Resolved:
+        """The request with each item_reference replaced by the stored item it names."""
+        if isinstance(wire.input, str):
+            return Resolved.model_construct(**dict(wire))
+        referenced = {
+            i: self._stored_item(item.id, i)
+            for i, item in enumerate(wire.input)
+            if isinstance(item, ItemReference)
+        }
+        found = iter(_ITEMS.validate_python(list(referenced.values())))
+        items = [next(found) if i in referenced else item for i, item in enumerate(wire.input)]
+        return Resolved.model_construct(**{**dict(wire), "input": items}, referenced=referenced)
+
+    def _stored_item(self, item_id: str, index: int) -> dict:
+        found = self.store.item(item_id)
+        if found is None:
+            raise not_found(
+                f"Item with id '{item_id}' not found: it was never stored (store: false), "
+                "was deleted, or was evicted. Send the item itself, or store responses.",
+                f"input[{index}].id",
+                code="item_not_found",
+            )
+        return found
 
     def _builder(self, wire: ResponsesRequest, texts) -> ResponseBuilder:
         return ResponseBuilder(
@@ -131,7 +155,7 @@ class ResponsesEndpoints:
             texts=texts,
         )
 
-    def _keeper(self, wire: ResponsesRequest):
+    def _keeper(self, wire: Resolved):
         def keep(response: dict) -> None:
             if wire.store:
                 self.store.put(StoredResponse.of(response, _input_items(wire)))
@@ -232,12 +256,15 @@ def _dump(model) -> dict:
     return model.model_dump(by_alias=True, exclude_none=True)
 
 
-def _input_items(wire: ResponsesRequest) -> list[dict]:
-    """The request's input as items with ids (string content as parts), as input_items
-    lists them."""
+def _input_items(wire: Resolved) -> list[dict]:
+    """The request's input as items with ids (string content as parts; a stored item as it
+    was stored), as input_items lists them."""
     items = [MessageItem(role="user", content=wire.input)] if isinstance(wire.input, str) else []
     out = []
-    for item in items or wire.input:
+    for i, item in enumerate(items or wire.input):
+        if i in wire.referenced:
+            out.append(wire.referenced[i])
+            continue
         body = _dump(item)
         if isinstance(item, MessageItem):
             if isinstance(item.content, str):

@@ -193,13 +193,21 @@ class ResponsesRequest(Strict):
         }
 
 
+class Resolved(ResponsesRequest):
+    """A request whose item references were replaced by the stored items they name."""
+
+    # input index -> the stored item a reference there stood for
+    referenced: dict[int, dict] = Field(default_factory=dict)
+
+
 # Translation into the neutral request ---------------------------------------------------
 
 
-def chat_request(wire: ResponsesRequest, history: list[InputItem]) -> neutral.ChatRequest:
+def chat_request(wire: Resolved, history: list[InputItem]) -> neutral.ChatRequest:
     """`history`: the items of the stored responses `previous_response_id` continues."""
     items = [*history, *([] if isinstance(wire.input, str) else wire.input)]
-    conversation = Conversation(stored=len(history))
+    own = frozenset(range(len(history))) | {len(history) + i for i in wire.referenced}
+    conversation = Conversation(stored=len(history), own=own)
     messages = conversation.messages(items, wire.instructions)
     if isinstance(wire.input, str):
         messages += (neutral.Message("user", wire.input, "input"),)

@@ -1,9 +1,9 @@
-"""Stored responses, for `previous_response_id`, retrieval and input_items: kept in memory,
-least recently used first out, under a count and a byte bound.
+"""Stored responses, for `previous_response_id`, `item_reference`, retrieval and
+input_items: kept in memory, least recently used first out, under a count and a byte bound.
 
 Each entry holds only its own request's input items and its output; a chain is walked
 through its ancestors (each walk marks them all used, so a live conversation is never the
-one evicted)."""
+one evicted). Each is its API key's: another key's is answered as never stored."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from mlxserve.api.batches.owners import new_owner, visible
 from mlxserve.protocol.errors import not_found
 
 
@@ -20,11 +21,18 @@ class StoredResponse:
     response: dict  # the response object as it was returned
     input_items: list[dict]  # the request's own input items, with their ids
     size: int  # bytes, as JSON
+    owner: str | None  # the API key's name that made it (None: no keys)
 
     @classmethod
     def of(cls, response: dict, input_items: list[dict]) -> StoredResponse:
+        """The response the caller has just been given, as its key's."""
         size = len(json.dumps([response, input_items], ensure_ascii=False).encode())
-        return cls(response, input_items, size)
+        return cls(response, input_items, size, new_owner())
+
+    @property
+    def items(self) -> tuple[dict, ...]:
+        """Its input items and its output items, each with its id."""
+        return (*self.input_items, *self.response["output"])
 
     @property
     def previous_id(self) -> str | None:
@@ -36,6 +44,8 @@ class ResponseStore:
         self.max_count = max_count
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        # an item's id -> the responses that hold it (a referenced item is in both)
+        self._holders: dict[str, list[str]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -44,28 +54,50 @@ class ResponseStore:
         recently used beyond the bounds."""
         if self.max_count < 1 or stored.size > self.max_bytes:
             return
+        response_id = stored.response["id"]
         with self._lock:
-            self._entries[stored.response["id"]] = stored
+            self._entries[response_id] = stored
             self._bytes += stored.size
+            for item_id in _ids(stored):
+                self._holders.setdefault(item_id, []).append(response_id)
             while len(self._entries) > self.max_count or self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.size
+                self._forget(next(iter(self._entries)))
 
     def get(self, response_id: str, param: str | None = None) -> StoredResponse:
         with self._lock:
             stored = self._entries.get(response_id)
-            if stored is not None:
+            if stored is not None and visible(stored.owner):
                 self._entries.move_to_end(response_id)
                 return stored
         raise _missing(response_id, param)
 
+    def item(self, item_id: str) -> dict | None:
+        """A stored item (input or output) by its id; None where no response of the
+        caller's key holds it."""
+        with self._lock:
+            holders = self._holders.get(item_id)
+            stored = self._entries[holders[-1]] if holders else None
+            if stored is None or not visible(stored.owner):
+                return None
+            self._entries.move_to_end(stored.response["id"])
+            return next(item for item in stored.items if item.get("id") == item_id)
+
     def delete(self, response_id: str) -> None:
         with self._lock:
-            stored = self._entries.pop(response_id, None)
-            if stored is not None:
-                self._bytes -= stored.size
+            stored = self._entries.get(response_id)
+            if stored is not None and visible(stored.owner):
+                self._forget(response_id)
                 return
         raise _missing(response_id)
+
+    def _forget(self, response_id: str) -> None:
+        stored = self._entries.pop(response_id)
+        self._bytes -= stored.size
+        for item_id in _ids(stored):
+            holders = self._holders[item_id]
+            holders.remove(response_id)
+            if not holders:
+                del self._holders[item_id]
 
     def history(self, response_id: str) -> list[dict]:
         """The conversation up to and including a stored response: every ancestor's input
@@ -81,6 +113,10 @@ class ResponseStore:
             for stored in reversed(chain)
             for item in (*stored.input_items, *stored.response["output"])
         ]
+
+
+def _ids(stored: StoredResponse) -> set[str]:
+    return {item["id"] for item in stored.items if "id" in item}
 
 
 def _missing(response_id: str, param: str | None = None):
