@@ -424,7 +424,7 @@ class ServerConfig:
         parse=Path,
         group=BATCHES,
         shown_default="`batches.sqlite` in the cache folder",
-        help="the SQLite file of uploaded files, batch jobs and their results (kept across restarts; one server at a time)",
+        help="the SQLite file of the server's durable state: uploaded files, batch jobs and their results, and conversations (kept across restarts; batch jobs run on one server at a time)",
     )
     model_names_db: Path | None = setting(
         None,

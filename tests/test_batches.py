@@ -283,7 +283,7 @@ def test_refused_requests(batched):
     assert len(sdk.batches.list(limit=100).data) == before
     assert_error(batched.get("/v1/batches/batch_nope"), 404, param="id", code="batch_not_found")
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk.files.create(file=("input.jsonl", b"{}"), purpose="user_data")
+        sdk.files.create(file=("input.jsonl", b"{}"), purpose="fine-tune")
     assert refused.value.body["param"] == "purpose"
     not_form = batched.post("/v1/files", {"purpose": "batch"})
     assert_error(not_form, 400)

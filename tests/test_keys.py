@@ -552,6 +552,43 @@ def test_a_batch_is_its_owners_and_charged_to_it(shared, tiny_model):
     assert usage_of(srv, other)["data"] == []
 
 
+def test_stored_responses_and_conversations_are_their_keys(shared, tiny_model):
+    """Another key's stored response, its items and conversations are 404s, as if they
+    did not exist, wherever they are named; an admin key sees them."""
+    srv, model = shared.srv, str(tiny_model)
+    mine, theirs = oa(srv, create(shared.db, "writer")), oa(srv, create(shared.db, "reader"))
+    time.sleep(LIVE_SECONDS)
+    response = mine.responses.create(model=model, input=MESSAGES, max_output_tokens=4)
+    conversation = mine.conversations.create(items=MESSAGES)
+    item = response.output[0].id
+    refused = [
+        lambda sdk: sdk.responses.retrieve(response.id),
+        lambda sdk: sdk.responses.input_items.list(response.id),
+        lambda sdk: sdk.responses.create(
+            model=model, input="Hi", previous_response_id=response.id, max_output_tokens=1
+        ),
+        lambda sdk: sdk.responses.create(
+            model=model,
+            input=[*MESSAGES, {"type": "item_reference", "id": item}],
+            max_output_tokens=1,
+        ),
+        lambda sdk: sdk.conversations.retrieve(conversation.id),
+        lambda sdk: sdk.conversations.items.list(conversation.id),
+        lambda sdk: sdk.conversations.delete(conversation.id),
+        lambda sdk: sdk.responses.create(
+            model=model, input="Hi", conversation=conversation.id, max_output_tokens=1
+        ),
+    ]
+    for call in refused:
+        with pytest.raises(openai.NotFoundError):
+            call(theirs)
+    admin = oa(srv, shared.root)
+    for call in refused[:2] + refused[4:6]:
+        call(admin)
+    mine.conversations.delete(conversation.id)
+    mine.responses.delete(response.id)
+
+
 def test_a_revoked_owners_lines_not_yet_run_are_refused(shared, tiny_model):
     """Lines run as their batch's owner as the key stands when each runs: revoked mid-batch,
     the lines running finish (and are charged), those not yet started are 401s."""

@@ -1,11 +1,14 @@
 """ModelProvider end to end: listing, loading by name, allowed folders, failed loads, the HF
-cache."""
+cache; and the model list in Anthropic's shape, through the `anthropic` SDK."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime, timezone
+from urllib.parse import quote
 
+import anthropic
 import pytest
 from conversations import BY_NAME
 
@@ -100,3 +103,103 @@ def test_models_without_any_hf_cache(launch, tiny_model, tmp_path):
     srv = launch(tiny_model, env={"HF_HUB_CACHE": str(tmp_path / "does-not-exist")})
     status, _, body = srv.get("/v1/models")
     assert status == 200 and [m["id"] for m in body["data"]] == [str(tiny_model)]
+
+
+# Anthropic's Models API: the same list, in its shape, for a request with anthropic-version
+
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+MODEL_INFO = {"type", "id", "display_name", "created_at", "lifecycle"}
+MODEL_INFO |= {"max_input_tokens", "max_tokens"}
+OPENAI_ONLY = {"object", "created", "owned_by", "kind", "context_length", "state"}
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def test_the_anthropic_sdk_lists_pages_and_retrieves_models(
+    launch, tiny_model, model_dir, hub_cache, embed_bert_model
+):
+    """client.models.list() shows the models the Messages API serves, in the OpenAI list's
+    order, paged by its cursors; retrieve() takes every name a request may use (the
+    served alias, --model-alias names); an unknown model, or one Messages does not serve,
+    is its NotFoundError. The key is Anthropic's x-api-key."""
+    srv = launch(
+        tiny_model,
+        *("--model", str(embed_bert_model), "--model-dir", str(model_dir)),
+        *("--model-alias", "claude-*=default", "--api-key", "secret"),
+        env={"HF_HUB_CACHE": str(hub_cache)},
+    )
+    listed = srv.get("/v1/models", {"Authorization": "Bearer secret"})[2]["data"]
+    chat = [m["id"] for m in listed if m["kind"] == "chat"]
+    assert len(chat) == 4 and str(embed_bert_model) in [m["id"] for m in listed]
+    client = anthropic.Anthropic(base_url=srv.url, api_key="secret", max_retries=0)
+
+    page = client.models.list()
+    assert [m.id for m in page.data] == chat and page.has_more is False
+    assert (page.first_id, page.last_id) == (chat[0], chat[-1])
+    served = page.data[0]
+    assert served.type == "model" and served.display_name == str(tiny_model)
+    assert served.created_at == EPOCH and served.lifecycle == "active"
+    assert served.max_input_tokens == served.max_tokens == 4096
+
+    first = client.models.list(limit=1)
+    assert [m.id for m in first.data] == chat[:1] and first.has_more is True
+    assert [m.id for m in first] == chat  # the SDK pages on with after_id to the end
+    assert [m.id for m in client.models.list(limit=3, after_id=chat[0])] == chat[1:]
+    before = client.models.list(limit=2, before_id=chat[-1])
+    assert [m.id for m in before.data] == chat[1:3] and before.has_more is True
+    assert client.models.list(lifecycle=["retired"]).data == []
+    assert [m.id for m in client.models.list(lifecycle=["active"]).data] == chat
+
+    for name in ("default", "claude-sonnet-4-5", "tiny-copy", "tiny-org/tiny-chat"):
+        model = client.models.retrieve(name)
+        assert model.id == name and model.type == "model" and model.max_input_tokens == 4096
+    for name, why in (("gpt-4o", "does not exist"), (str(embed_bert_model), "(embedding)")):
+        with pytest.raises(anthropic.NotFoundError) as caught:
+            client.models.retrieve(name)
+        error = caught.value.body["error"]
+        assert error["type"] == "not_found_error" and why in error["message"], error
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).models.list()
+    assert refused.value.body["type"] == "error"
+
+
+def test_the_anthropic_shapes_exactly(server, tiny_model):
+    """Raw HTTP: Anthropic's fields and none of OpenAI's with anthropic-version, OpenAI's
+    shape without it; the paging parameters checked, each error in Anthropic's shape."""
+    status, _, body = server.get("/v1/models", ANTHROPIC)
+    assert status == 200 and set(body) == {"data", "has_more", "first_id", "last_id"}
+    (model,) = body["data"]
+    assert set(model) == MODEL_INFO and not OPENAI_ONLY & (set(model) | set(body))
+    assert model["created_at"] == "1970-01-01T00:00:00Z" and model["id"] == str(tiny_model)
+    assert body["first_id"] == body["last_id"] == str(tiny_model) and body["has_more"] is False
+    status, _, one = server.get(f"/v1/models/{quote(str(tiny_model), safe='')}", ANTHROPIC)
+    assert status == 200 and one == model
+    status, _, alias = server.get("/models/default", ANTHROPIC)  # without /v1 too
+    assert status == 200 and alias == {**model, "id": "default", "display_name": "default"}
+
+    status, _, openai = server.get("/v1/models")  # no anthropic-version: OpenAI's shape
+    assert status == 200 and openai["object"] == "list" and "has_more" not in openai
+    assert openai["data"][0]["owned_by"] == "mlxserve"
+
+    empty = server.get("/v1/models?lifecycle[]=deprecated", ANTHROPIC)[2]
+    assert empty == {"data": [], "has_more": False, "first_id": None, "last_id": None}
+    for query, param in [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=ten", "limit"),
+        ("after_id=nobody", "after_id"),
+        ("before_id=nobody", "before_id"),
+        (f"after_id={quote(str(tiny_model))}&before_id=x", "before_id"),
+        ("lifecycle[]=gone", "lifecycle"),
+    ]:
+        status, _, body = server.get(f"/v1/models?{query}", ANTHROPIC)
+        assert status == 400 and body["type"] == "error", query
+        error = body["error"]
+        assert set(error) == {"type", "message"} and error["type"] == "invalid_request_error"
+        assert param in error["message"], (query, error)
+    status, _, missing = server.get("/v1/models/gpt-4o", ANTHROPIC)
+    assert status == 404 and missing == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "The model 'gpt-4o' does not exist."},
+    }
+    status, _, missing = server.get("/v1/models/gpt-4o")
+    assert status == 404 and missing["error"]["code"] == "model_not_found"

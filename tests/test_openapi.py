@@ -19,6 +19,7 @@ from openapi_spec_validator import validate
 
 from mlxserve.api.batches.routes import BATCHES, FILES, MESSAGE_BATCHES, BatchRoutes
 from mlxserve.api.openapi.document import OPERATIONS
+from mlxserve.api.responses.conversations import ConversationEndpoints
 from mlxserve.api.routes import GET_PATHS, POST_ROUTES
 
 FUZZ_SECONDS = 240  # the fuzz run's whole budget (it stops itself well before)
@@ -53,11 +54,23 @@ def batch_operations() -> set[tuple[str, str]]:
     return found
 
 
+def conversation_operations() -> set[tuple[str, str]]:
+    """What the conversation router answers, read from the router itself."""
+    router = ConversationEndpoints(None, None)  # type: ignore[arg-type]  # only its shape is read
+    names = ["{conversation_id}", "items", "{item_id}"]
+    return {
+        (method, "/v1/conversations" + "".join(f"/{name}" for name in names[:depth]))
+        for depth, parts in enumerate(([], ["x"], ["x", "items"], ["x", "items", "y"]))
+        for method in router.routes(parts, "", lambda: b"")
+    }
+
+
 def test_every_route_has_an_operation():
     """The route table against the document: each POST endpoint, each GET path and each
-    batch route is documented."""
+    batch and conversation route is documented."""
     routes = {("POST", path) for paths, _ in POST_ROUTES for path in paths}
     routes |= {("GET", path) for path in GET_PATHS} | batch_operations()
+    routes |= conversation_operations()
     missing = {route for route in routes if not covered(*route)}
     assert missing == set(), f"routes without an operation in /openapi.json: {missing}"
 

@@ -741,6 +741,53 @@ def test_image_to_a_vision_model(vision):
     assert response.output_text == "Blue."
 
 
+def test_files_a_request_names(launch, vision_model, tmp_path):
+    """Images uploaded with purpose vision or user_data, named by input_image's file_id or
+    an input_file (or sent inline as file_data), reach the model as images; a text file
+    as its name and text; other files, another purpose and unknown ids are refused,
+    naming the part."""
+    srv = launch(vision_model, "--batch-db", str(tmp_path / "state.sqlite"))
+    sdk = client(srv)
+
+    def ask(part: dict, text: str = COLOUR_QUESTION):
+        content = [part, {"type": "input_text", "text": text}]
+        return sdk.responses.create(
+            model="default", input=[{"role": "user", "content": content}], max_output_tokens=20
+        )
+
+    blue = sdk.files.create(file=("blue.png", square_png("blue")), purpose="vision")
+    red = sdk.files.create(file=("red.png", square_png("red")), purpose="user_data")
+    assert ask({"type": "input_image", "file_id": blue.id}).output_text == "Blue."
+    assert ask({"type": "input_file", "file_id": red.id}).output_text == "Red."
+    inline = {"type": "input_file", "filename": "g.png", "file_data": data_uri(square_png("green"))}
+    assert ask(inline).output_text == "Green."
+
+    notes = sdk.files.create(file=("notes.txt", b"Buy milk."), purpose="user_data")
+    read = ask({"type": "input_file", "file_id": notes.id}, "Hello!")
+    text = [
+        {"type": "text", "text": "File notes.txt:\nBuy milk."},
+        {"type": "text", "text": "Hello!"},
+    ]
+    assert read.usage.input_tokens == chat_prompt_tokens(srv, [{"role": "user", "content": text}])
+
+    def refused(part: dict) -> dict:
+        with pytest.raises((openai.BadRequestError, openai.NotFoundError)) as error:
+            ask(part)
+        return error.value.body
+
+    pdf = sdk.files.create(file=("paper.pdf", b"%PDF-1.4 ..."), purpose="user_data")
+    assert refused({"type": "input_file", "file_id": pdf.id})["code"] == "unsupported_file"
+    batch = sdk.files.create(file=("in.jsonl", b"{}\n"), purpose="batch")
+    assert "purpose is 'batch'" in refused({"type": "input_image", "file_id": batch.id})["message"]
+    missing = refused({"type": "input_image", "file_id": "file-nope"})
+    assert missing["code"] == "file_not_found" and missing["param"] == "input[0].content[0].file_id"
+    link = {"type": "input_file", "file_url": "http://example.com/paper.pdf"}
+    assert refused(link)["param"] == "input[0].content[0].file_url"
+    with pytest.raises(openai.BadRequestError) as purpose:
+        sdk.files.create(file=("x.txt", b"x"), purpose="assistants")
+    assert purpose.value.body["param"] == "purpose"
+
+
 # Errors --------------------------------------------------------------------------------------------
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -770,17 +817,11 @@ ERRORS = [
     ({"model": "default", "input": [{"type": "web_search_call", "id": "ws_1"}]}, "web_search_call"),
     ({"model": "default", "input": [{"role": "tool", "content": "x"}]}, "input[0]"),
     (
-        {
-            "model": "default",
-            "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}],
-        },
-        "File inputs",
+        {"model": "default", "input": [{"role": "user", "content": [{"type": "input_file"}]}]},
+        "needs a file_id",
     ),
     (
-        {
-            "model": "default",
-            "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}],
-        },
+        {"model": "default", "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
         "image_url",
     ),
     (

@@ -21,6 +21,7 @@ from mlxserve.api.guards import body_framing, check_browser_post, check_host, ch
 from mlxserve.api.images.links import LINK_PREFIX
 from mlxserve.api.openapi.document import document
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
+from mlxserve.api.responses.conversations import is_conversation_path
 from mlxserve.api.routes import (
     GET_PATHS,
     HEAD_PATHS,
@@ -208,13 +209,14 @@ class APIHandler(BaseHTTPRequestHandler):
                 with admitted(routes.keys, self.headers, path, self.record, self.app.metrics):
                     route(path)
         except ServiceError as e:
-            self._send_error(routes.errors(path)(e))
+            self._send_error(routes.errors(path, self.headers)(e))
         except ClientGone:
             log.info("client closed the connection: %s %s", self.command, self.path)
             self.close_connection = True
         except Exception as e:
             log.exception("unhandled error on %s %s", self.command, self.path)
-            self._send_error(routes.errors(path)(internal_error(f"Internal error: {e}")))
+            error = internal_error(f"Internal error: {e}")
+            self._send_error(routes.errors(path, self.headers)(error))
         return path
 
     def _reads_body(self, path: str) -> bool:
@@ -241,7 +243,8 @@ class APIHandler(BaseHTTPRequestHandler):
             status, body = endpoints.health()
             self._send_json(status, body)
         elif path in MODELS_PATHS:
-            self._send_json(200, endpoints.models())
+            query = urlsplit(self.path).query
+            self._send_json(200, self.app.routes.models(self.headers, query))
         elif path in STATUS_PATHS:
             self._send_json(200, self.app.routes.status.status())
         elif path in METRICS_PATHS:
@@ -253,13 +256,16 @@ class APIHandler(BaseHTTPRequestHandler):
         elif path in OPENAPI_PATHS:
             self._send_json(200, document())
         elif path.startswith(MODEL_PREFIXES):
-            self._send_json(200, endpoints.model(unquote(path.split("/models/", 1)[1])))
+            model_id = unquote(path.split("/models/", 1)[1])
+            self._send_json(200, self.app.routes.model(self.headers, model_id))
         elif path.startswith(RESPONSE_PREFIXES):
             self._send_json(200, self._stored_response(path))
         elif path.startswith(LINK_PREFIX):
             self._reply(self.app.routes.image_links.get(path))
         elif is_batch_path(path):
             self._batch(path)
+        elif is_conversation_path(path):
+            self._conversation(path)
         else:
             self._unknown(path, tuple(self.app.routes.post))
 
@@ -271,14 +277,26 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def _batch(self, path: str) -> None:
         """Files, OpenAI's batches and Anthropic's message batches (any method)."""
-        routes = self.app.routes
+        batches = self.app.routes.batches
+        self._routed(
+            path, lambda query, body: batches.answer(self.command, path, query, body, self)
+        )
+
+    def _conversation(self, path: str) -> None:
+        """Conversations and their items (any method)."""
+        conversations = self.app.routes.responses.conversations
+        self._routed(
+            path, lambda query, body: conversations.answer(self.command, path, query, body)
+        )
+
+    def _routed(self, path: str, answer) -> None:
+        """A path with ids in it, answered by its router: `answer(query, read_body)`."""
 
         def body() -> bytes:
             check_browser_post(self.headers, self.app.config.allowed_origins)
-            return self._read_body(routes.body_limit(path))
+            return self._read_body(self.app.routes.body_limit(path))
 
-        query = urlsplit(self.path).query
-        self._reply(routes.batches.answer(self.command, path, query, body, self))
+        self._reply(answer(urlsplit(self.path).query, body))
 
     def _reply(self, result: dict | RawReply | None) -> None:
         """An endpoint's whole reply (None: it was streamed)."""
@@ -290,6 +308,9 @@ class APIHandler(BaseHTTPRequestHandler):
     def _delete(self, path: str) -> None:
         if is_batch_path(path):
             self._batch(path)
+            return
+        if is_conversation_path(path):
+            self._conversation(path)
             return
         if path in OLLAMA_DELETE_PATHS:
             limit = self.app.routes.body_limit(path)
@@ -307,6 +328,9 @@ class APIHandler(BaseHTTPRequestHandler):
         endpoint = self.app.routes.post.get(path)
         if endpoint is None and is_batch_path(path):
             self._batch(path)
+            return
+        if endpoint is None and is_conversation_path(path):
+            self._conversation(path)
             return
         if endpoint is None:
             self._unknown(path, GET_PATHS)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from email.message import Message
 from operator import attrgetter
 
 from mlxserve.api.anthropic.endpoints import AnthropicEndpoints
 from mlxserve.api.anthropic.errors import error_reply as anthropic_error
+from mlxserve.api.anthropic.models import model_info, model_page, speaks_anthropic
 from mlxserve.api.audio.speech import SpeechEndpoints
 from mlxserve.api.audio.transcriptions import TranscriptionEndpoints
 from mlxserve.api.batches import routes as batch_paths
@@ -35,7 +37,10 @@ from mlxserve.api.openai.errors import error_reply as openai_error
 from mlxserve.api.openai.tokenize import TokenizeEndpoints
 from mlxserve.api.rerank.endpoints import RerankEndpoints
 from mlxserve.api.responder import RawReply, Responder
+from mlxserve.api.responses.conversations import is_conversation_path
+from mlxserve.api.responses.conversations import label as conversation_label
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
+from mlxserve.api.responses.files import FileInputs
 from mlxserve.api.status import StatusEndpoint
 from mlxserve.api.usage import UsageEndpoints
 from mlxserve.keys.gate import KeyGate
@@ -193,7 +198,10 @@ class Routes:
         self.usage = UsageEndpoints(self.keys)
         self.openai = OpenAIEndpoints(self.service)
         self.anthropic = AnthropicEndpoints(self.service)
-        self.responses = ResponsesEndpoints(self.service)
+        # the batch keeper (made below) holds the files a Responses request may name
+        self.responses = ResponsesEndpoints(
+            self.service, FileInputs(lambda: self.batch_keeper.store())
+        )
         self.tokenizer = TokenizeEndpoints(self.service)
         self.embeddings = EmbeddingEndpoints(self.service)
         self.rerank = RerankEndpoints(self.service)
@@ -236,12 +244,26 @@ class Routes:
             return path
         if batch_paths.is_batch_path(path):
             return batch_paths.label(path)
+        if is_conversation_path(path):
+            return conversation_label(path)
         if path.startswith(LINK_PREFIX):
             return LINK_PREFIX + "{name}"
         if path.startswith(RESPONSE_PREFIXES):
             items = path.endswith("/input_items")
             return "/v1/responses/{id}/input_items" if items else "/v1/responses/{id}"
         return "/v1/models/{model}" if path.startswith(MODEL_PREFIXES) else "other"
+
+    def models(self, headers: Message, query: str) -> dict:
+        """GET /v1/models: OpenAI's list, or a page of Anthropic's where the request
+        carries anthropic-version."""
+        if speaks_anthropic(headers):
+            return model_page(self.service.models(), query)
+        return self.openai.models()
+
+    def model(self, headers: Message, model_id: str) -> dict:
+        """GET /v1/models/{id}: OpenAI's entry, or Anthropic's ModelInfo."""
+        entry = self.openai.model(model_id)
+        return model_info(entry) if speaks_anthropic(headers) else entry
 
     def stored_response(self, method: str, path: str, query: str) -> dict:
         """GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items."""
@@ -255,12 +277,16 @@ class Routes:
         return self.responses.retrieve(response_id)
 
     @staticmethod
-    def errors(path: str) -> ErrorRenderer:
-        """Errors on Anthropic's paths in its shape, on llama.cpp's /infill in llama.cpp's,
-        on Ollama's /api/ in Ollama's; everything else in OpenAI's."""
+    def errors(path: str, headers: Message | None = None) -> ErrorRenderer:
+        """Errors on Anthropic's paths in its shape (and on the model list's, asked with
+        anthropic-version), on llama.cpp's /infill in llama.cpp's, on Ollama's /api/ in
+        Ollama's; everything else in OpenAI's."""
         if path in INFILL_PATHS:
             return llama_cpp_error
         if path.startswith(OLLAMA_PREFIX):
             return ollama_error
         anthropic = path in ANTHROPIC_PATHS or batch_paths.is_anthropic_path(path)
+        models = path in MODELS_PATHS or path.startswith(MODEL_PREFIXES)
+        if models and headers is not None and speaks_anthropic(headers):
+            anthropic = path not in LOAD_PATHS + UNLOAD_PATHS + PIN_PATHS
         return anthropic_error if anthropic else openai_error

@@ -503,8 +503,8 @@ class BatchStore:
             usage=Usage(*usage) if usage else Usage(),
         )
 
-    def _write(self) -> _Transaction:
-        return _Transaction(self._db, self._mutex)
+    def _write(self) -> Transaction:
+        return Transaction(self._db, self._mutex)
 
     def _one(self, sql: str, *args: Any) -> tuple | None:
         with self._mutex:
@@ -526,7 +526,7 @@ LINE_COLUMNS = (
 )
 
 
-class _Transaction:
+class Transaction:
     """One write, committed as a whole (or not at all), under the store's mutex."""
 
     def __init__(self, db: sqlite3.Connection, mutex: threading.Lock):

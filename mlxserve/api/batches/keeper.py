@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 STORE_NAME = "batches.sqlite"
 
 
+def store_path(config: ServerConfig) -> Path:
+    """The SQLite file of the server's durable state (files, batches, conversations)."""
+    return config.batch_db or cache_root() / STORE_NAME
+
+
 class BatchKeeper:
     def __init__(
         self,
@@ -37,7 +42,7 @@ class BatchKeeper:
         self.config = config
         self._on_token = on_token
         self._keys = keys
-        self.path: Path = config.batch_db or cache_root() / STORE_NAME
+        self.path = store_path(config)
         self._endpoints = endpoints
         self._errors = errors
         self._outputs = outputs

@@ -34,6 +34,8 @@ BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", 
 WINDOWS = {"24h": 24 * 3600}  # completion_window -> seconds (OpenAI's only window)
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 FILE_PURPOSE = "batch"
+# Files a Responses request names by id (input_image, input_file): OpenAI's purposes.
+INPUT_PURPOSES = ("user_data", "vision")
 JSONL = "application/jsonl"
 CUSTOM_ID_CHARS = 512
 
@@ -226,9 +228,10 @@ class FileEndpoints:
         """POST /v1/files (multipart: purpose, file)."""
         form = parse_form(responder.header("Content-Type"), raw, "the JSONL file")
         purpose = form.text("purpose")
-        if purpose != FILE_PURPOSE:
+        if purpose not in (FILE_PURPOSE, *INPUT_PURPOSES):
+            purposes = ", ".join(f"'{p}'" for p in (FILE_PURPOSE, *INPUT_PURPOSES))
             raise bad_request(
-                f"Only files for batches are served: purpose must be '{FILE_PURPOSE}'.",
+                f"purpose must be one of {purposes} (batch input, or files a request names).",
                 param="purpose",
             )
         content = form.files.get("file")

@@ -10,10 +10,15 @@ from mlxserve.protocol.errors import bad_request
 
 class Query:
     def __init__(self, query: str):
-        self._values = {k: v[-1] for k, v in parse_qs(query).items()}
+        self._lists = parse_qs(query)
+        self._values = {k: v[-1] for k, v in self._lists.items()}
 
     def text(self, name: str) -> str | None:
         return self._values.get(name) or None
+
+    def all(self, name: str) -> list[str]:
+        """Every value of a repeated parameter (`name=a&name=b`, or `name[]=a`)."""
+        return self._lists.get(name, []) + self._lists.get(f"{name}[]", [])
 
     def limit(self, default: int, most: int) -> int:
         given = self._values.get("limit")

@@ -10,15 +10,14 @@ from dataclasses import dataclass
 from mlxserve.api.batches.anthropic import MessageBatchEndpoints
 from mlxserve.api.batches.openai import BatchEndpoints, FileEndpoints
 from mlxserve.api.batches.query import Query
-from mlxserve.api.responder import RawReply, Responder
-from mlxserve.protocol.errors import ErrorKind, ServiceError, not_found
+from mlxserve.api.methods import Reply, answer_with
+from mlxserve.api.responder import Responder
+from mlxserve.protocol.errors import not_found
 
 FILES = "/files"
 BATCHES = "/batches"
 MESSAGE_BATCHES = "/messages/batches"
 ROOTS = (FILES, BATCHES, MESSAGE_BATCHES)
-
-Reply = dict | RawReply
 
 
 def _parts(path: str) -> tuple[str, list[str]] | None:
@@ -65,17 +64,7 @@ class BatchRoutes:
         if found is None:
             raise not_found(f"Unknown path: {path}", code="unknown_url")
         root, rest = found
-        routes = self._routes(root, rest, Query(query), body, responder)
-        route = routes.get(method)
-        if route is None:
-            if not routes:
-                raise not_found(f"Unknown path: {path}", code="unknown_url")
-            raise ServiceError(
-                ErrorKind.METHOD_NOT_ALLOWED,
-                f"Method {method} is not allowed on {path}.",
-                code="method_not_allowed",
-            )
-        return route()
+        return answer_with(method, path, self._routes(root, rest, Query(query), body, responder))
 
     def _routes(
         self,

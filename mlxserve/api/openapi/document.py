@@ -38,6 +38,7 @@ from mlxserve.api.openai.requests import (
 from mlxserve.api.openai.tokenize import Detokenize, TokenizeText
 from mlxserve.api.openapi import shapes as s
 from mlxserve.api.rerank.endpoints import RerankBody, ScoreBody
+from mlxserve.api.responses.conversations import AddItems, CreateConversation, UpdateConversation
 from mlxserve.api.responses.requests import ResponsesRequest
 from mlxserve.api.routes import is_keyless
 from mlxserve.audio.codec import OUTPUT_FORMATS
@@ -59,7 +60,8 @@ class Operation:
     # The wire model of its JSON body (or any of several), or the schema of its form.
     body: type[BaseModel] | tuple[type[BaseModel], ...] | s.Schema | None = None
     query: dict[str, s.Schema] = field(default_factory=dict)
-    error: str = OPENAI  # the error body's component
+    headers: dict[str, s.Schema] = field(default_factory=dict)  # that change the reply
+    error: str | tuple[str, ...] = OPENAI  # the error body's component (or one of these)
     admin: bool = False  # needs an admin key where the server has keys
 
     @property
@@ -72,6 +74,11 @@ class Operation:
 def _stream(whole: s.Schema) -> dict[str, s.Schema]:
     """A reply whole, or as server-sent events when the request asks to stream."""
     return {JSON: whole, SSE: s.SSE_EVENT}
+
+
+def _either(*shapes: s.Schema) -> s.Schema:
+    """A reply in one of several shapes (by the dialect the request asks for)."""
+    return {"anyOf": list(shapes)}
 
 
 def _lines(whole: s.Schema) -> dict[str, s.Schema]:
@@ -128,6 +135,14 @@ SPOKEN = {
     SSE: s.SSE_EVENT,
 }
 LIMIT = {"limit": {"type": "integer", "minimum": 1}}
+# The model list's in Anthropic's shape (asked for by its version header).
+ANTHROPIC_VERSION = {"anthropic-version": s.STRING}
+ANTHROPIC_PAGE = {
+    "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "after_id": s.STRING,
+    "before_id": s.STRING,
+    "lifecycle[]": s.array({"enum": ["active", "deprecated", "retired"]}),
+}
 AFTER = {"after": s.STRING}
 DAY = {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"}
 
@@ -136,8 +151,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("POST", "/v1/chat/completions", "Chat", "openai", _stream(s.CHAT_COMPLETION), ChatRequest),
     Operation("POST", "/v1/completions", "Text completion (fill in the middle with suffix)", "openai", _stream(s.TEXT_COMPLETION), CompletionRequest),
     Operation("POST", "/v1/embeddings", "Embeddings", "openai", {JSON: s.EMBEDDINGS}, EmbeddingsRequest),
-    Operation("GET", "/v1/models", "The servable models and adapters", "models", {JSON: s.MODEL_LIST}),
-    Operation("GET", "/v1/models/{model}", "One model", "models", {JSON: s.ref("Model")}),
+    Operation("GET", "/v1/models", "The servable models and adapters (a page of Anthropic's list with anthropic-version)", "models", {JSON: _either(s.MODEL_LIST, s.ANTHROPIC_MODEL_LIST)}, query=ANTHROPIC_PAGE, headers=ANTHROPIC_VERSION, error=(OPENAI, ANTHROPIC)),
+    Operation("GET", "/v1/models/{model}", "One model (Anthropic's shape with anthropic-version)", "models", {JSON: _either(s.ref("Model"), s.ref("AnthropicModel"))}, headers=ANTHROPIC_VERSION, error=(OPENAI, ANTHROPIC)),
     Operation("POST", "/v1/models/load", "Load a model or adapter now", "admin", {JSON: s.MODEL_STATE}, ModelRequest, admin=True),
     Operation("POST", "/v1/models/unload", "Unload a model or adapter now", "admin", {JSON: s.MODEL_STATE}, ModelRequest, admin=True),
     Operation("POST", "/v1/models/pin", "Keep a model resident, or let it go", "admin", {JSON: s.MODEL_STATE}, PinRequest, admin=True),
@@ -163,6 +178,14 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/responses/{response_id}", "A stored response", "responses", {JSON: s.RESPONSE}),
     Operation("DELETE", "/v1/responses/{response_id}", "Delete a stored response", "responses", {JSON: s.DELETED_RESPONSE}),
     Operation("GET", "/v1/responses/{response_id}/input_items", "A stored response's input items", "responses", {JSON: s.ITEM_LIST}, query={**LIMIT, "order": {"enum": ["asc", "desc"]}, **AFTER}),
+    Operation("POST", "/v1/conversations", "Create a conversation", "responses", {JSON: s.ref("Conversation")}, CreateConversation),
+    Operation("GET", "/v1/conversations/{conversation_id}", "A conversation", "responses", {JSON: s.ref("Conversation")}),
+    Operation("POST", "/v1/conversations/{conversation_id}", "Replace a conversation's metadata", "responses", {JSON: s.ref("Conversation")}, UpdateConversation),
+    Operation("DELETE", "/v1/conversations/{conversation_id}", "Delete a conversation", "responses", {JSON: s.DELETED_CONVERSATION}),
+    Operation("GET", "/v1/conversations/{conversation_id}/items", "A conversation's items", "responses", {JSON: s.ITEM_LIST}, query={**LIMIT, "order": {"enum": ["asc", "desc"]}, **AFTER, "include": s.array(s.STRING)}),
+    Operation("POST", "/v1/conversations/{conversation_id}/items", "Add items to a conversation", "responses", {JSON: s.ITEM_LIST}, AddItems),
+    Operation("GET", "/v1/conversations/{conversation_id}/items/{item_id}", "A conversation's item", "responses", {JSON: s.ITEM}),
+    Operation("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}", "Delete an item (answers the conversation)", "responses", {JSON: s.ref("Conversation")}),
     # llama.cpp
     Operation("POST", "/infill", "Fill in the middle (llama.cpp's shape)", "editors", _stream(s.INFILLED), InfillRequest, error=LLAMA_CPP),
     # Ollama
@@ -241,7 +264,9 @@ def _name(model: type[BaseModel]) -> str:
 
 
 def _operation(op: Operation, bodies: dict) -> dict[str, Any]:
-    error = {"content": {JSON: {"schema": s.ref(op.error)}}}
+    errors = [op.error] if isinstance(op.error, str) else list(op.error)
+    shape = _either(*map(s.ref, errors)) if len(errors) > 1 else s.ref(errors[0])
+    error = {"content": {JSON: {"schema": shape}}}
     described: dict[str, Any] = {
         "operationId": f"{op.method.lower()}{op.path}",
         "summary": op.summary + (" (an admin key)" if op.admin else ""),
@@ -260,6 +285,7 @@ def _operation(op: Operation, bodies: dict) -> dict[str, Any]:
         {"name": name, "in": "path", "required": True, "schema": s.STRING}
         for name in _path_parameters(op.path)
     ] + [{"name": name, "in": "query", "schema": schema} for name, schema in op.query.items()]
+    parameters += [{"name": n, "in": "header", "schema": h} for n, h in op.headers.items()]
     if parameters:
         described["parameters"] = parameters
     if op.method == "POST":

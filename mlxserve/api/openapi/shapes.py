@@ -105,6 +105,28 @@ MODEL = obj(
     },
 )
 MODEL_LIST = obj({"object": {"const": "list"}, "data": array(ref("Model"))})
+# Anthropic's ModelInfo and its page: the model list for a request with anthropic-version.
+ANTHROPIC_MODEL = obj(
+    {
+        "type": {"const": "model"},
+        "id": STRING,
+        "display_name": STRING,
+        "created_at": {"type": "string", "format": "date-time"},
+    },
+    {
+        "max_input_tokens": NULL_INTEGER,
+        "max_tokens": NULL_INTEGER,
+        "lifecycle": {"enum": ["active", "deprecated", "retired"]},
+    },
+)
+ANTHROPIC_MODEL_LIST = obj(
+    {
+        "data": array(ref("AnthropicModel")),
+        "has_more": BOOLEAN,
+        "first_id": NULL_STRING,
+        "last_id": NULL_STRING,
+    }
+)
 MODEL_STATE = obj({"id": STRING, "object": {"const": "model"}, "state": STRING, "pinned": BOOLEAN})
 DELETED_MODEL = obj({"id": STRING, "object": {"const": "model"}, "deleted": BOOLEAN})
 EMBEDDINGS = obj(
@@ -185,8 +207,18 @@ RESPONSE = obj(
 )
 COMPACTION = obj({"id": STRING, "object": STRING, "output": array(obj({"type": STRING}))})
 DELETED_RESPONSE = obj({"id": STRING, "object": {"const": "response.deleted"}, "deleted": BOOLEAN})
-ITEM_LIST = obj(
-    {"object": {"const": "list"}, "data": array(obj({"type": STRING})), "has_more": BOOLEAN}
+ITEM = obj({"type": STRING, "id": STRING})
+ITEM_LIST = obj({"object": {"const": "list"}, "data": array(ITEM), "has_more": BOOLEAN})
+CONVERSATION = obj(
+    {
+        "id": STRING,
+        "object": {"const": "conversation"},
+        "created_at": INTEGER,
+        "metadata": OBJECT,
+    }
+)
+DELETED_CONVERSATION = obj(
+    {"id": STRING, "object": {"const": "conversation.deleted"}, "deleted": BOOLEAN}
 )
 
 # Batch jobs ------------------------------------------------------------------------------
@@ -353,6 +385,8 @@ COMPONENTS: dict[str, Schema] = {
     "LlamaCppError": LLAMA_CPP_ERROR,
     "OllamaError": OLLAMA_ERROR,
     "Model": MODEL,
+    "Conversation": CONVERSATION,
+    "AnthropicModel": ANTHROPIC_MODEL,
     "File": FILE,
     "Batch": BATCH,
     "MessageBatch": MESSAGE_BATCH,

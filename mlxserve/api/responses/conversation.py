@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Discriminator, Field, Tag
 
 from mlxserve.api.responses.compaction import expanded
+from mlxserve.api.responses.files import FileInput, FileInputs
 from mlxserve.api.responses.sealed import REASONING
 from mlxserve.api.wire import Strict
 from mlxserve.protocol import request as neutral
@@ -40,6 +41,10 @@ class InputImage(Strict):
 
 class InputFile(Strict):
     type: Literal["input_file"]
+    file_id: str | None = None
+    file_data: str | None = None  # base64, or a data URL
+    file_url: str | None = None
+    filename: str | None = None
 
 
 Part = Annotated[InputText | Refusal | InputImage | InputFile, Field(discriminator="type")]
@@ -115,7 +120,7 @@ def _item_kind(value) -> str | None:
     None (not an item: `null`, a number) is a 400 naming it."""
     if isinstance(value, dict):
         untyped = "item_reference" if "id" in value and "role" not in value else "message"
-        kind = value.get("type") or untyped
+        kind = untyped if value.get("type") is None else value["type"]
     else:
         kind = getattr(value, "type", None)
     return KNOWN.get(kind, "OtherItem") if isinstance(kind, str) else None
@@ -153,18 +158,20 @@ class _AssistantTurn:
 
 @dataclass
 class Conversation:
-    """Translates items; the first `stored` come from stored responses, the rest are the
-    request's `input`. The reasoning of the items in `own` (indices) is this server's:
+    """Translates items; the first `stored` come from stored responses or a conversation,
+    the rest are the request's `input`. The reasoning of the items in `own` (indices) is this server's:
     the stored ones and those an item_reference stood for."""
 
     stored: int = 0
     own: frozenset[int] = frozenset()
+    history: str = "previous_response_id"  # the field the stored items came by
+    files: FileInputs | None = None  # where file ids are read (None: they are refused)
     _out: list[neutral.Message] = field(default_factory=list, init=False)
     _turn: _AssistantTurn | None = field(default=None, init=False)
 
     def messages(self, items: list, instructions: str | None) -> tuple[neutral.Message, ...]:
         for i, item in enumerate(items):
-            where = f"input[{i - self.stored}]" if i >= self.stored else "previous_response_id"
+            where = f"input[{i - self.stored}]" if i >= self.stored else self.history
             if isinstance(item, ReasoningItem):
                 self._reasoning(item, i in self.own, where)
             elif isinstance(item, FunctionCallItem):
@@ -186,7 +193,7 @@ class Conversation:
                     log.debug("compaction at %s is not this server's; left out", where)
             else:
                 self._flush()
-                self._out.append(_other(item, where))
+                self._out.append(_other(item, where, self.files))
         self._flush()
         return _leading_system(instructions, self._out)
 
@@ -229,7 +236,7 @@ def _reasoning_text(item: ReasoningItem, own: bool, where: str) -> str | None:
     return None
 
 
-def _other(item, where: str) -> neutral.Message:
+def _other(item, where: str, files: FileInputs | None) -> neutral.Message:
     if isinstance(item, FunctionCallOutputItem):
         text = _text(item.output, where, "a function_call_output")
         return neutral.Message("tool", text, where, tool_call_id=item.call_id)
@@ -240,17 +247,22 @@ def _other(item, where: str) -> neutral.Message:
         )
     if item.role in ("system", "developer"):
         return neutral.Message("system", _text(item.content, where, "a system message"), where)
-    return neutral.Message("user", _user_parts(item.content, where), where)
+    return neutral.Message("user", _user_parts(item.content, where, files), where)
 
 
-def _user_parts(content: str | list, where: str) -> str | tuple[neutral.Part, ...]:
+def _user_parts(
+    content: str | list, where: str, files: FileInputs | None
+) -> str | tuple[neutral.Part, ...]:
     if isinstance(content, str):
         return content
     parts: list[neutral.Part] = []
     for j, part in enumerate(content):
         param = f"{where}.content[{j}]"
         if isinstance(part, InputImage):
-            parts.append(neutral.ImagePart(_image_url(part, param), param))
+            parts.append(neutral.ImagePart(_image_url(part, param, files), param))
+        elif isinstance(part, InputFile) and files is not None:
+            given = FileInput(part.file_id, part.file_data, part.file_url, part.filename)
+            parts.append(files.part(given, param))
         else:
             parts.append(neutral.TextPart(_part_text(part, param, "a user message")))
     return tuple(parts)
@@ -284,15 +296,18 @@ def _part_text(part, param: str, holder: str) -> str:
             param,
             code="images_not_supported",
         )
-    raise bad_request("File inputs are not supported on this server.", f"{param}.type")
+    raise bad_request(
+        f"Files cannot stand in {holder}; send them in a user message.", f"{param}.type"
+    )
 
 
-def _image_url(part: InputImage, param: str) -> str:
+def _image_url(part: InputImage, param: str, files: FileInputs | None) -> str:
     if part.image_url:
         return part.image_url
+    if part.file_id and files is not None:
+        return files.image_url(part.file_id, f"{param}.file_id")
     raise bad_request(
-        "An input_image needs an 'image_url' (a URL or a data URL); file ids are not "
-        "supported on this server.",
+        "An input_image needs an 'image_url' (a URL or a data URL) or a 'file_id'.",
         f"{param}.image_url",
     )
 

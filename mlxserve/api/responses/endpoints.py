@@ -9,28 +9,26 @@ from urllib.parse import parse_qs
 
 from pydantic import TypeAdapter
 
+from mlxserve.api.batches.keeper import store_path
+from mlxserve.api.batches.owners import visible
 from mlxserve.api.responder import Responder
 from mlxserve.api.responses.compaction import compaction_item, summary_request
 from mlxserve.api.responses.conversation import InputItem, ItemReference, MessageItem
-from mlxserve.api.responses.output import ResponseBuilder, ResponseStream, new_id
+from mlxserve.api.responses.conversations import ConversationEndpoints
+from mlxserve.api.responses.files import FileInputs
+from mlxserve.api.responses.items import kept, substituted
+from mlxserve.api.responses.output import ResponseBuilder, ResponseStream
 from mlxserve.api.responses.requests import Resolved, ResponsesRequest, chat_request
 from mlxserve.api.responses.store import ResponseStore, StoredResponse
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import parse
+from mlxserve.conversations.store import ConversationStore
 from mlxserve.protocol.errors import bad_request, not_found
 from mlxserve.service.chat import ChatService
 from mlxserve.service.results import Choice
 
 # Reasoning goes out as reasoning items whatever --reasoning-format says.
 REASONING_FORMAT = "separate"
-ITEM_ID_PREFIXES = {
-    "message": "msg",
-    "function_call": "fc",
-    "function_call_output": "fco",
-    "reasoning": "rs",
-    "compaction": "cmp",
-    "compaction_trigger": "cmpt",
-}
 _ITEMS = TypeAdapter(list[InputItem])
 MB = 1 << 20
 
@@ -38,12 +36,16 @@ MB = 1 << 20
 @dataclass
 class ResponsesEndpoints:
     service: ChatService
+    files: FileInputs  # the uploaded files a request may name
     store: ResponseStore = field(init=False)
+    conversations: ConversationEndpoints = field(init=False)
 
     def __post_init__(self):
         config = self.service.config
         max_bytes = int(config.responses_store_mb * MB)
         self.store = ResponseStore(config.responses_store_size, max_bytes)
+        store = ConversationStore(store_path(config))
+        self.conversations = ConversationEndpoints(store, self.resolve_items)
 
     def create(self, raw: bytes, responder: Responder) -> dict | None:
         wire = self._resolved(parse(ResponsesRequest, raw))
@@ -114,36 +116,50 @@ class ResponsesEndpoints:
         return None
 
     def _chat(self, wire: Resolved):
-        """The neutral request: the stored chain `previous_response_id` continues, then
-        the input."""
+        """The neutral request: the stored chain `previous_response_id` continues (or the
+        conversation's items), then the input."""
         history = []
         if wire.previous_response_id is not None:
             history = _ITEMS.validate_python(self.store.history(wire.previous_response_id))
-        return chat_request(wire, history)
+        elif wire.conversation_id is not None:
+            record = self.conversations.record(wire.conversation_id, "conversation")
+            history = _ITEMS.validate_python(self.conversations.store.items(record.id))
+        return chat_request(wire, history, self.files)
 
     def _resolved(self, wire: ResponsesRequest) -> Resolved:
         """The request with each item_reference replaced by the stored item it names."""
+        if wire.conversation is not None and wire.previous_response_id is not None:
+            raise bad_request(
+                "Give conversation or previous_response_id, not both.", "conversation"
+            )
         if isinstance(wire.input, str):
             return Resolved.model_construct(**dict(wire))
-        referenced = {
-            i: self._stored_item(item.id, i)
-            for i, item in enumerate(wire.input)
+        stored = self.resolve_items(wire.input, "input")
+        items = substituted(wire.input, stored)
+        return Resolved.model_construct(**{**dict(wire), "input": items}, referenced=stored)
+
+    def resolve_items(self, items: list, param: str) -> dict[int, dict]:
+        """The index of each item_reference among `items` -> the stored item it names: an
+        input or output item of a stored response, or a conversation's item."""
+        return {
+            i: self._stored_item(item.id, f"{param}[{i}].id")
+            for i, item in enumerate(items)
             if isinstance(item, ItemReference)
         }
-        found = iter(_ITEMS.validate_python(list(referenced.values())))
-        items = [next(found) if i in referenced else item for i, item in enumerate(wire.input)]
-        return Resolved.model_construct(**{**dict(wire), "input": items}, referenced=referenced)
 
-    def _stored_item(self, item_id: str, index: int) -> dict:
+    def _stored_item(self, item_id: str, param: str) -> dict:
         found = self.store.item(item_id)
-        if found is None:
-            raise not_found(
-                f"Item with id '{item_id}' not found: it was never stored (store: false), "
-                "was deleted, or was evicted. Send the item itself, or store responses.",
-                f"input[{index}].id",
-                code="item_not_found",
-            )
-        return found
+        if found is not None:
+            return found
+        for item, owner in self.conversations.store.holders(item_id):
+            if visible(owner):
+                return item
+        raise not_found(
+            f"Item with id '{item_id}' not found: it was never stored (store: false), "
+            "was deleted, or was evicted. Send the item itself, or store responses.",
+            param,
+            code="item_not_found",
+        )
 
     def _builder(self, wire: ResponsesRequest, texts) -> ResponseBuilder:
         return ResponseBuilder(
@@ -156,9 +172,15 @@ class ResponsesEndpoints:
         )
 
     def _keeper(self, wire: Resolved):
+        """What keeps a response once made: the store (unless store is false), and the
+        conversation the turn continues (its input and output added, in order)."""
+
         def keep(response: dict) -> None:
+            items = _input_items(wire)
+            if wire.conversation_id is not None:
+                self.conversations.store.add(wire.conversation_id, [*items, *response["output"]])
             if wire.store:
-                self.store.put(StoredResponse.of(response, _input_items(wire)))
+                self.store.put(StoredResponse.of(response, items))
 
         return keep
 
@@ -229,6 +251,7 @@ class ResponsesEndpoints:
             "metadata": wire.metadata or {},
             "parallel_tool_calls": wire.parallel_tool_calls,
             "previous_response_id": wire.previous_response_id,
+            "conversation": {"id": wire.conversation_id} if wire.conversation_id else None,
             "reasoning": {
                 "effort": wire.reasoning.effort if wire.reasoning else None,
                 "summary": wire.summary,
@@ -257,21 +280,7 @@ def _dump(model) -> dict:
 
 
 def _input_items(wire: Resolved) -> list[dict]:
-    """The request's input as items with ids (string content as parts; a stored item as it
-    was stored), as input_items lists them."""
-    items = [MessageItem(role="user", content=wire.input)] if isinstance(wire.input, str) else []
-    out = []
-    for i, item in enumerate(items or wire.input):
-        if i in wire.referenced:
-            out.append(wire.referenced[i])
-            continue
-        body = _dump(item)
-        if isinstance(item, MessageItem):
-            if isinstance(item.content, str):
-                kind = "output_text" if item.role == "assistant" else "input_text"
-                body["content"] = [{"type": kind, "text": item.content}]
-            body["status"] = "completed"
-        body.setdefault("type", "message")
-        body.setdefault("id", new_id(ITEM_ID_PREFIXES.get(body["type"], "item")))
-        out.append(body)
-    return out
+    """The request's input as input_items lists it (a string as one user message)."""
+    if isinstance(wire.input, str):
+        return kept([MessageItem(role="user", content=wire.input)], {})
+    return kept(wire.input, wire.referenced)

@@ -9,6 +9,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mlxserve.api.quirks import leave_out_hosted_tools
 from mlxserve.api.responses.conversation import CompactionTrigger, Conversation, InputItem
+from mlxserve.api.responses.files import FileInputs
 from mlxserve.api.wire import Strict, check_tool_choice, tool_choice
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
@@ -98,6 +99,10 @@ class ReasoningConfig(Strict):
     generate_summary: Summary | None = None  # the older name of `summary`
 
 
+class ConversationRef(Strict):
+    id: str
+
+
 class ResponsesRequest(Strict):
     model: str | None = None
     input: list[InputItem] | str  # the list first: its errors are the ones worth naming
@@ -120,7 +125,7 @@ class ResponsesRequest(Strict):
     user: str | None = None
     stream: bool = False
     background: bool = False
-    conversation: str | dict | None = None
+    conversation: str | ConversationRef | None = None
     prompt: dict | None = None
     # Accepted and unused: routing and caching hints of OpenAI's platform.
     service_tier: str | None = None
@@ -149,12 +154,17 @@ class ResponsesRequest(Strict):
             raise ValueError("background responses are not supported; leave it false")
         return value
 
-    @field_validator("conversation", "prompt")
+    @field_validator("prompt")
     @classmethod
     def _absent(cls, value):
         if value is not None:
             raise ValueError("is not supported on this server; send the input itself")
         return value
+
+    @property
+    def conversation_id(self) -> str | None:
+        conversation = self.conversation
+        return conversation.id if isinstance(conversation, ConversationRef) else conversation
 
     @field_validator("input")
     @classmethod
@@ -203,11 +213,15 @@ class Resolved(ResponsesRequest):
 # Translation into the neutral request ---------------------------------------------------
 
 
-def chat_request(wire: Resolved, history: list[InputItem]) -> neutral.ChatRequest:
-    """`history`: the items of the stored responses `previous_response_id` continues."""
+def chat_request(
+    wire: Resolved, history: list[InputItem], files: FileInputs | None = None
+) -> neutral.ChatRequest:
+    """`history`: the items of the stored responses `previous_response_id` continues, or
+    of the conversation."""
     items = [*history, *([] if isinstance(wire.input, str) else wire.input)]
     own = frozenset(range(len(history))) | {len(history) + i for i in wire.referenced}
-    conversation = Conversation(stored=len(history), own=own)
+    field = "conversation" if wire.conversation is not None else "previous_response_id"
+    conversation = Conversation(stored=len(history), own=own, history=field, files=files)
     messages = conversation.messages(items, wire.instructions)
     if isinstance(wire.input, str):
         messages += (neutral.Message("user", wire.input, "input"),)
