@@ -85,11 +85,21 @@ def test_bodies_that_are_not_a_json_object(server, raw):
         ({"tool_choice": "required"}, "tool_choice"),
         ({"chat_template_kwargs": []}, "chat_template_kwargs"),
         ({"xtc_threshold": 0.9}, "xtc_threshold"),
+        # OpenAI fields that would change the reply and are not served: never dropped
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"web_search_options": {}}, "web_search_options"),
     ],
 )
 def test_invalid_chat_fields(server, extra, param):
     body = {"messages": MESSAGES, **extra}
     assert_error(server.post(CHAT, body), 400, param=param)
+
+
+def test_the_text_modality_and_nulls_are_served(server):
+    body = {"messages": MESSAGES, "modalities": ["text"], "audio": None, "web_search_options": None}
+    status, _, reply = server.post(CHAT, body)
+    assert status == 200 and reply["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
 
 
 @pytest.mark.parametrize(

@@ -205,6 +205,26 @@ class ChatRequest(GenerationRequest):
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None
     thinking: bool | dict | None = None
+    # OpenAI fields that would change the reply and that this server cannot serve: a 400
+    # naming them, never dropped silently (a null is the default, as clients send it).
+    audio: dict | None = None
+    modalities: list[str] | None = None
+    web_search_options: dict | None = None
+
+    @field_validator("audio", "web_search_options")
+    @classmethod
+    def _not_served(cls, value, info: ValidationInfo):
+        if value is not None:
+            reason = {"audio": "spoken replies", "web_search_options": "web search"}
+            raise ValueError(f"is not served: this server has no {reason[str(info.field_name)]}")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value):
+        if value is not None and set(value) - {"text"}:
+            raise ValueError("only ['text'] is served: this server does not speak its replies")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod
