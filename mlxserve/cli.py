@@ -90,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["launch"]:  # mlxserve launch claude|codex: see agents/launch.py
+    if argv[:1] == ["launch"]:  # mlxserve launch CLIENT: see agents/launch.py
         from mlxserve.agents.launch import main as launch
 
         sys.exit(launch(argv[1:]))

@@ -16,7 +16,8 @@ HEADER = """# Command line
 `mlxserve --help` says the same. This page is generated from the settings' declarations in
 `mlxserve/config.py` by `make docs`; do not edit it by hand.
 
-`mlxserve launch claude|codex` starts a coding agent against a server
+`mlxserve launch CLIENT` starts a coding agent (Claude Code, Codex, OpenCode, Qwen Code,
+aider, cn) against a server
 ([agents](agents.md)); `mlxserve pull|ls|rm` manage models on this machine
 ([models](models.md)); `mlxserve keys create|list|revoke|usage` manage API keys, their
 limits and usage ([sharing a server](keys.md)).

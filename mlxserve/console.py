@@ -48,6 +48,6 @@ def ready_screen(
         "  Next: open the web app in a browser, or",
         f"    curl {origin}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
         f"      -d '{json.dumps(HELLO)}'",
-        f"    mlxserve launch claude --url http://{host_port}   (or codex)",
+        f"    mlxserve launch claude --url http://{host_port}   (--list: the others)",
     ]
     return "\n".join(lines)

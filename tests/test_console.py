@@ -32,7 +32,7 @@ def test_the_start_up_screen(srv, tiny_model):
     assert resident and re.fullmatch(r"\d+ kB", resident[1]), text  # under 1 MB: units.format_bytes
     assert "  Memory    budget " in text
     assert f"    curl {srv.url}/v1/chat/completions" in text
-    assert f"    mlxserve launch claude --url {srv.url}   (or codex)" in text
+    assert f"    mlxserve launch claude --url {srv.url}   (--list: the others)" in text
 
 
 def reset(sock: socket.socket) -> None:

@@ -1,11 +1,14 @@
-"""`mlxserve launch claude|codex [SERVER FLAGS] [-- AGENT ARGS]`: a coding agent against
-mlxserve with everything set, in one command.
+"""`mlxserve launch CLIENT [SERVER FLAGS] [-- CLIENT ARGS]`: a coding agent (Claude Code,
+Codex, OpenCode, Qwen Code, aider, Continue's cn) against mlxserve with everything set, in
+one command; `mlxserve launch --list` shows them and which are installed.
 
 It uses the server at --url when one answers there, else starts one (with the server
-flags given, on a free port, its log in the cache folder) and stops it when the agent
-exits. From /v1/models it learns the model's name and context length, and runs the agent
+flags given, on a free port, its log in the cache folder) and stops it when the client
+exits. From /v1/models it learns the model's name and context length, and runs the client
 with its base URL and key, its model names, output limits that fit the context, and a
-context window to compact by (each agent's own settings, written once in AGENTS)."""
+context window to compact by (each client's own settings, written once in AGENTS). What a
+client reads from files is written to a temporary folder of the session's own, removed
+when it exits: the user's configuration files are never written."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -44,6 +48,11 @@ def output_tokens(context: int) -> int:
     return min(32000, context // 8)
 
 
+# A client's environment and arguments, from the server it is given and a temporary folder
+# of the session's own for what it reads from files.
+Settings = tuple[dict[str, str], list[str]]
+
+
 # Claude Code compacts when a conversation reaches its window less the output limit less
 # 13,000 tokens, and refuses to send one within 3,000 tokens of the window: below this
 # window it would refuse or compact every turn, so it is not told the window (it then
@@ -51,7 +60,7 @@ def output_tokens(context: int) -> int:
 CLAUDE_SMALLEST_WINDOW = 24576
 
 
-def claude_settings(served: Served) -> tuple[dict[str, str], list[str]]:
+def claude_settings(served: Served, profile: Path) -> Settings:
     """Claude Code's environment. The model goes by its own name, which Claude Code does
     not know, so that CLAUDE_CODE_MAX_CONTEXT_TOKENS (read for unknown models only) gives
     the window it compacts by; the billing line, a per-session nonce that would defeat
@@ -84,7 +93,7 @@ def claude_settings(served: Served) -> tuple[dict[str, str], list[str]]:
     return env, []
 
 
-def codex_settings(served: Served) -> tuple[dict[str, str], list[str]]:
+def codex_settings(served: Served, profile: Path) -> Settings:
     """Codex's provider table (Responses API) and its context window, as `-c` overrides:
     nothing is written to ~/.codex. It compacts at 80% of the window."""
     provider = (
@@ -102,21 +111,159 @@ def codex_settings(served: Served) -> tuple[dict[str, str], list[str]]:
     return {API_KEY_ENV: served.api_key or "mlxserve"}, args
 
 
+def opencode_settings(served: Served, profile: Path) -> Settings:
+    """OpenCode's provider for this server, in OPENCODE_CONFIG_CONTENT: OpenCode reads it
+    after every configuration file (the user's, the project's), so it wins for the session
+    and nothing is written to ~/.config/opencode. `limit.output` is the max_tokens it asks
+    for, and it compacts when a conversation reaches `limit.context` less that."""
+    limit = {"context": served.context, "output": output_tokens(served.context)}
+    provider = {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": "mlxserve",
+        "options": {"baseURL": f"{served.url}/v1", "apiKey": served.api_key or "mlxserve"},
+        "models": {served.model: {"name": served.model, "limit": limit}},
+    }
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"mlxserve": provider},
+        "model": f"mlxserve/{served.model}",
+        "small_model": f"mlxserve/{served.model}",  # session titles
+    }
+    return {"OPENCODE_CONFIG_CONTENT": json.dumps(config), "OPENCODE_DISABLE_AUTOUPDATE": "1"}, []
+
+
+def qwen_settings(served: Served, profile: Path) -> Settings:
+    """Qwen Code's provider for this server, as the system settings file
+    (QWEN_CODE_SYSTEM_SETTINGS_PATH names one of the session's own in place of
+    /etc/qwen-code/settings.json): it overrides the user's and the project's settings, whose
+    other choices still apply. Qwen Code assumes 200,000 tokens for a model it does not
+    know: `contextWindowSize` is the window it compacts by, `max_tokens` the most it asks
+    for. Usage statistics and auto-update are off, as for Claude Code."""
+    generation = {
+        "contextWindowSize": served.context,
+        "samplingParams": {"max_tokens": output_tokens(served.context)},
+    }
+    provider = {
+        "id": served.model,
+        "name": served.model,
+        "baseUrl": f"{served.url}/v1",
+        "envKey": API_KEY_ENV,
+        "generationConfig": generation,
+    }
+    settings = {
+        "security": {"auth": {"selectedType": "openai"}},
+        "model": {"name": served.model},
+        "modelProviders": {"openai": [provider]},
+        "privacy": {"usageStatisticsEnabled": False},
+        "general": {"enableAutoUpdate": False},
+    }
+    path = profile / "qwen-settings.json"
+    path.write_text(json.dumps(settings, indent=2))
+    env = {"QWEN_CODE_SYSTEM_SETTINGS_PATH": str(path), API_KEY_ENV: served.api_key or "mlxserve"}
+    return env, []
+
+
+def aider_settings(served: Served, profile: Path) -> Settings:
+    """aider through litellm's OpenAI provider (`openai/<model>`). litellm does not know the
+    model: its context length goes in a model metadata file (aider sizes its repo map and
+    chat history by it, and warns before sending a prompt that does not fit), and the output
+    limit is sent as max_tokens with every request (aider sends none of its own, which
+    leaves replies to the server's --max-tokens). Analytics (which --yes-always would agree
+    to) and the update check are off for the session; the flags come first, so the user's
+    own arguments override them."""
+    name = f"openai/{served.model}"
+    output = output_tokens(served.context)
+    limits = {"max_input_tokens": served.context, "max_output_tokens": output, "max_tokens": output}
+    free = {"input_cost_per_token": 0, "output_cost_per_token": 0}
+    metadata = profile / "aider-model-metadata.json"
+    metadata.write_text(
+        json.dumps({name: {**limits, **free, "litellm_provider": "openai", "mode": "chat"}})
+    )
+    # "aider/extra_params" adds to every model's settings and keeps aider's own for the
+    # model (its edit format); YAML, which JSON is.
+    model_settings = profile / "aider-model-settings.yml"
+    model_settings.write_text(
+        json.dumps([{"name": "aider/extra_params", "extra_params": {"max_tokens": output}}])
+    )
+    args = ["--model", name, "--openai-api-base", f"{served.url}/v1"]
+    args += ["--model-metadata-file", str(metadata), "--model-settings-file", str(model_settings)]
+    args += ["--no-analytics", "--no-check-update"]
+    return {"AIDER_OPENAI_API_KEY": served.api_key or "mlxserve"}, args
+
+
+def cn_settings(served: Served, profile: Path) -> Settings:
+    """Continue's cn with a config of the session's own (`--config`, which it takes in place
+    of ~/.continue/config.yaml): the model at this server's URL, its `contextLength` (cn
+    assumes 200,000 tokens otherwise, and compacts by it) and `maxTokens`. YAML, which JSON
+    is."""
+    model = {
+        "name": served.model,
+        "provider": "openai",
+        "model": served.model,
+        "apiBase": f"{served.url}/v1",
+        "apiKey": served.api_key or "mlxserve",
+        "defaultCompletionOptions": {
+            "contextLength": served.context,
+            "maxTokens": output_tokens(served.context),
+        },
+    }
+    config = {"name": "mlxserve", "version": "1.0.0", "schema": "v1", "models": [model]}
+    path = profile / "cn-config.yaml"
+    path.write_text(json.dumps(config, indent=2))
+    return {}, ["--config", str(path)]
+
+
 @dataclass(frozen=True)
 class Agent:
     command: str  # the executable
-    package: str  # where it comes from, for the message when it is missing
-    settings: Callable[[Served], tuple[dict[str, str], list[str]]]
+    package: str  # how to install it, for --list and the message when it is missing
+    dialect: str  # the API it speaks to the server
+    settings: Callable[[Served, Path], Settings]
     server_flags: tuple[tuple[str, str], ...] = ()  # a server started for it, unless given
 
 
+# The dialect is each client's own where it has one; the others speak OpenAI's Chat
+# Completions, the API their OpenAI-compatible providers are written and tested against
+# (OpenCode's @ai-sdk/openai-compatible, Qwen Code's default, litellm's openai/ models,
+# cn's openai provider), with tool calls and reasoning in the shape they read.
 AGENTS = {
-    "claude": Agent("claude", "npm install -g @anthropic-ai/claude-code", claude_settings),
+    "claude": Agent(
+        "claude",
+        "npm install -g @anthropic-ai/claude-code",
+        "Anthropic Messages",
+        claude_settings,
+    ),
     # Codex sends no max_output_tokens: the server's default is all its replies get.
     "codex": Agent(
-        "codex", "npm install -g @openai/codex", codex_settings, (("--max-tokens", "8192"),)
+        "codex",
+        "npm install -g @openai/codex",
+        "OpenAI Responses",
+        codex_settings,
+        (("--max-tokens", "8192"),),
     ),
+    "opencode": Agent(
+        "opencode", "npm install -g opencode-ai", "OpenAI Chat Completions", opencode_settings
+    ),
+    "qwen": Agent(
+        "qwen", "npm install -g @qwen-code/qwen-code", "OpenAI Chat Completions", qwen_settings
+    ),
+    "aider": Agent(
+        "aider",
+        "python -m pip install aider-install && aider-install",
+        "OpenAI Chat Completions",
+        aider_settings,
+    ),
+    "cn": Agent("cn", "npm install -g @continuedev/cli", "OpenAI Chat Completions", cn_settings),
 }
+
+
+def list_agents() -> None:
+    """Each client, the API it speaks, whether it is on the PATH, and how to install it."""
+    print("mlxserve launch CLIENT starts:")
+    for name, agent in AGENTS.items():
+        found = shutil.which(agent.command)
+        state = f"installed ({found})" if found else f"not installed: {agent.package}"
+        print(f"  {name:<9}{agent.dialect:<25}{state}")
 
 
 def served_model(url: str, api_key: str, timeout: float = 3) -> Served | None:
@@ -177,15 +324,23 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
         "started with the other flags (as `mlxserve` takes them). Arguments after `--` "
         "go to the agent.",
     )
-    p.add_argument("agent", choices=sorted(AGENTS))
+    p.add_argument(
+        "agent", nargs="?", choices=list(AGENTS), metavar="CLIENT", help=", ".join(AGENTS)
+    )
+    p.add_argument("--list", action="store_true", help="the clients, and which are installed")
     p.add_argument("--url", default=DEFAULT_URL, help=f"a running server (default {DEFAULT_URL})")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""))
     options, server_args = p.parse_known_args(argv)
+    if options.agent is None and not options.list:
+        p.error(f"name a client ({', '.join(AGENTS)}), or --list")
     return options, server_args, agent_args
 
 
 def main(argv: list[str]) -> int:
     options, server_args, agent_args = parse(argv)
+    if options.list:
+        list_agents()
+        return 0
     agent = AGENTS[options.agent]
     binary = shutil.which(agent.command)
     if binary is None:
@@ -204,13 +359,14 @@ def main(argv: list[str]) -> int:
         if served is None:
             server.terminate()
             raise SystemExit(f"mlxserve launch: the server does not answer; see {log_path}")
-    env, args = agent.settings(served)
     print(
         f"{agent.command} -> {served.url} ({served.model}, context {served.context} tokens)",
         file=sys.stderr,
     )
     try:
-        return subprocess.call([binary, *args, *agent_args], env={**os.environ, **env})
+        with tempfile.TemporaryDirectory(prefix=f"mlxserve-launch-{options.agent}-") as profile:
+            env, args = agent.settings(served, Path(profile))
+            return subprocess.call([binary, *args, *agent_args], env={**os.environ, **env})
     finally:
         if server is not None:
             server.terminate()
