@@ -3,7 +3,7 @@
 A conversation and every item added to it are committed before the reply names them, so
 a kill -9 loses nothing a client was told of. The file is the batch store's (one database
 of the server's durable state); the connection is opened when a conversation is first
-asked for, so a server that never serves one writes nothing."""
+made, so a server that never makes one writes nothing."""
 
 from __future__ import annotations
 
@@ -79,6 +79,8 @@ class ConversationStore:
         return record
 
     def get(self, conversation_id: str) -> ConversationRecord | None:
+        if not self._exists():
+            return None
         with self._read() as db:
             row = db.execute(
                 "SELECT id, created_at, metadata, owner FROM conversations WHERE id=?",
@@ -149,6 +151,8 @@ class ConversationStore:
     def holders(self, item_id: str) -> list[tuple[dict, str | None]]:
         """An item by its id wherever it is, newest first, with its conversation's owner
         (for an item_reference, which names no conversation)."""
+        if not self._exists():
+            return []
         with self._read() as db:
             rows = db.execute(
                 "SELECT body, owner FROM conversation_items JOIN conversations"
@@ -165,6 +169,10 @@ class ConversationStore:
                 (conversation_id, item_id),
             )
             return deleted.rowcount > 0
+
+    def _exists(self) -> bool:
+        """Whether there is a store to read (a lookup never makes one)."""
+        return self._db is not None or self.path.exists()
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:

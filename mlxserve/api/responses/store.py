@@ -75,12 +75,12 @@ class ResponseStore:
         """A stored item (input or output) by its id; None where no response of the
         caller's key holds it."""
         with self._lock:
-            holders = self._holders.get(item_id)
-            stored = self._entries[holders[-1]] if holders else None
-            if stored is None or not visible(stored.owner):
-                return None
-            self._entries.move_to_end(stored.response["id"])
-            return next(item for item in stored.items if item.get("id") == item_id)
+            for holder in reversed(self._holders.get(item_id, [])):
+                stored = self._entries[holder]
+                if visible(stored.owner):
+                    self._entries.move_to_end(holder)
+                    return next(item for item in stored.items if item.get("id") == item_id)
+            return None
 
     def delete(self, response_id: str) -> None:
         with self._lock:
