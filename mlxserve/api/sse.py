@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from io import BufferedIOBase
 
 from mlxserve.api.responder import SSE_CONTENT_TYPE, Responder
@@ -34,6 +35,17 @@ class ChunkedWriter:
     def silent_for(self, seconds: float) -> bool:
         """Whether nothing was written for `seconds`: time for a keepalive."""
         return time.monotonic() - self.last_write >= seconds
+
+    def keepalive(self, seconds: float, send: Callable[[], None]) -> Callable[[], None]:
+        """What a run calls while nothing arrives: `send` (the dialect's ping, a comment)
+        once nothing was written for `seconds`, so that proxies and clients do not give up
+        on a long prompt."""
+
+        def tick() -> None:
+            if self.silent_for(seconds):
+                send()
+
+        return tick
 
     def close(self) -> None:
         """The end of the body."""

@@ -29,12 +29,7 @@ class AnthropicEndpoints:
             return fmt.message(run.collect()[0], run.usage)
         sse = SSEWriter(responder)
         stream = MessageStream(sse, fmt, len(prepared.prompts[0]))
-        keepalive_seconds = self.service.config.keepalive_seconds
-
-        def keepalive() -> None:
-            if sse.silent_for(keepalive_seconds):
-                stream.ping()
-
+        keepalive = sse.keepalive(self.service.config.keepalive_seconds, stream.ping)
         try:
             for step in run.steps(keepalive):
                 stream.step(step, run.usage)

@@ -76,12 +76,11 @@ class InfillEndpoints:
         middle = Middle(wire.n_indent, wire.t_max_predict_ms)
         run = self.service.run(prepared, responder.client_gone)
         sse = SSEWriter(responder) if wire.stream else None
-        keepalive_seconds = self.service.config.keepalive_seconds
-
-        def keepalive() -> None:
-            if sse is not None and sse.silent_for(keepalive_seconds):
-                sse.comment("keepalive")
-
+        keepalive = (
+            sse.keepalive(self.service.config.keepalive_seconds, lambda: sse.comment("keepalive"))
+            if sse is not None
+            else lambda: None
+        )
         cut = False
         stopping_word = ""
         try:

@@ -153,12 +153,9 @@ class OpenAIEndpoints:
         if not stream:
             return fmt.response(run.collect(), run.usage)
         sse = SSEWriter(responder)
-        keepalive_seconds = self.service.config.keepalive_seconds
-
-        def keepalive() -> None:
-            if sse.silent_for(keepalive_seconds):
-                sse.comment("keepalive")
-
+        keepalive = sse.keepalive(
+            self.service.config.keepalive_seconds, lambda: sse.comment("keepalive")
+        )
         started: set[int] = set()
         try:
             for step in run.steps(keepalive):

@@ -92,11 +92,11 @@ class ResponsesEndpoints:
         sse = SSEWriter(responder) if wire.stream else None
         stream = ResponseStream(sse, fmt) if sse is not None else None
         keepalive_seconds = self.service.config.keepalive_seconds
-
-        def keepalive() -> None:
-            if stream is not None and sse is not None and sse.silent_for(keepalive_seconds):
-                stream.keepalive()
-
+        keepalive = (
+            sse.keepalive(keepalive_seconds, stream.keepalive)
+            if sse is not None and stream is not None
+            else lambda: None
+        )
         try:
             finished = [step.choice for step in run.steps(keepalive) if step.finished]
         except Exception as e:
@@ -189,12 +189,7 @@ class ResponsesEndpoints:
         has read the last event finds it stored."""
         sse = SSEWriter(responder)
         stream = ResponseStream(sse, fmt)
-        keepalive_seconds = self.service.config.keepalive_seconds
-
-        def keepalive() -> None:
-            if sse.silent_for(keepalive_seconds):
-                stream.keepalive()
-
+        keepalive = sse.keepalive(self.service.config.keepalive_seconds, stream.keepalive)
         response, choice = None, None
         try:
             for step in run.steps(keepalive):
