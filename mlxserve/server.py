@@ -272,16 +272,19 @@ def run(config: ServerConfig) -> None:
     if world is not None and not world.leader:
         follow(config, world)
     server = build_server(config, world)
-    # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is saved.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    service = server.routes.service
-    protected = server.routes.keys.required
-    warning = exposure_warning(config.host, protected)
-    if warning is not None:
-        log.warning(warning)
-    print(ready_screen(server.origin, service, protected, warning), flush=True)
-    server.routes.batch_keeper.resume()  # batches a restart (or a crash) left running
-    try:
+    try:  # from here a signal shuts down cleanly, even one right after the ready line
+        # SIGTERM (a service manager, `kill`) shuts down like Ctrl-C: the prompt cache is
+        # saved. Ctrl-C's own handler is set too: Python leaves SIGINT ignored when the
+        # process was started so (a script's background job), and Ctrl-C would not stop it.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        service = server.routes.service
+        protected = server.routes.keys.required
+        warning = exposure_warning(config.host, protected)
+        if warning is not None:
+            log.warning(warning)
+        print(ready_screen(server.origin, service, protected, warning), flush=True)
+        server.routes.batch_keeper.resume()  # batches a restart (or a crash) left running
         server.serve_forever()
     except KeyboardInterrupt:
         pass

@@ -41,3 +41,14 @@ def test_a_signal_ends_open_streams_and_exits_0(tiny_model, sig, attempt):
         assert "message_stop" not in events
     finally:
         srv.stop()
+
+
+def test_ctrl_c_stops_a_server_started_with_it_ignored(tiny_model):
+    """A script's background job starts with SIGINT ignored (Python then leaves it so):
+    the server sets its own handler, so Ctrl-C still shuts it down."""
+    srv = start_server(tiny_model, preexec=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        srv.process.send_signal(signal.SIGINT)
+        assert srv.process.wait(timeout=30) == 0
+    finally:
+        srv.stop()
