@@ -425,7 +425,10 @@ def test_ctrl_c_stops_every_rank(tiny_model):
     """SIGINT to the launcher's process group, as Ctrl-C in its terminal: rank 0 shuts
     down (its last step tells the others) and every rank exits 0. (The launcher stops
     relaying their output at the SIGINT, but says which rank exits otherwise.)"""
-    srv = start_server(tiny_model, ranks=2)
+    # as started from a terminal: a runner that starts the suite as a background job leaves
+    # SIGINT ignored, and mlx.launch (not mlxserve) would keep it so
+    terminal = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    srv = start_server(tiny_model, ranks=2, preexec=terminal)
     pids = [rank_pid(srv, 0), rank_pid(srv, 1)]
     assert answer(srv, BY_NAME["capital"].request)[0]["message"]["content"] == (
         BY_NAME["capital"].reply
