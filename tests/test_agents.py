@@ -144,6 +144,9 @@ def test_codex_with_its_default_tools(launch, agent_model, agents_path, tmp_path
     assert any("hosted tools this server cannot run (web_search)" in line for line in srv.log)
 
 
+# Six turns each processing 4,000 new tokens over a context that grows to 36,000: 17 to 50 s
+# a turn on a loaded two-core machine (a cold CI run), more than pytest's 300 s in all.
+@pytest.mark.timeout(900)
 def test_codex_sessions_outlive_the_context(launch, agent_model, agents_path, tmp_path):
     """`mlxserve launch codex` gives Codex the window and a compaction limit (80% of it):
     a session of 4,000-token turns over its 15,600-token prompt compacts before it fills
