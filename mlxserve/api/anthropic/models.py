@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from email.message import Message
-from urllib.parse import parse_qs
 
 from mlxserve.api.batches.query import Query
 from mlxserve.models.kinds import KINDS
@@ -57,7 +56,7 @@ def model_page(entries: list[dict], query: str) -> dict:
     after, before = values.text("after_id"), values.text("before_id")
     if after is not None and before is not None:
         raise bad_request("Give after_id or before_id, not both.", param="before_id")
-    shown = LISTED_LIFECYCLES if (asked := _lifecycles(query)) is None else asked
+    shown = LISTED_LIFECYCLES if (asked := _lifecycles(values)) is None else asked
     models = [model_info(e) for e in entries if _serves_messages(e)]
     models = models if LIFECYCLE in shown else []
     if before is not None:
@@ -82,11 +81,10 @@ def _serves_messages(entry: dict) -> bool:
     return kind == "adapter" or KINDS.named(kind).generative
 
 
-def _lifecycles(query: str) -> tuple[str, ...] | None:
+def _lifecycles(values: Query) -> tuple[str, ...] | None:
     """The `lifecycle` filter (repeated, or as the SDK sends it, `lifecycle[]`), checked;
     None when not given."""
-    fields = parse_qs(query)
-    asked = [*fields.get("lifecycle", []), *fields.get("lifecycle[]", [])]
+    asked = values.all("lifecycle")
     for value in asked:
         if value not in LIFECYCLES:
             raise bad_request(f"lifecycle must be one of {', '.join(LIFECYCLES)}.", "lifecycle")

@@ -176,6 +176,8 @@ class ResponsesEndpoints:
         conversation the turn continues (its input and output added, in order)."""
 
         def keep(response: dict) -> None:
+            if wire.conversation_id is None and not wire.store:
+                return
             items = _input_items(wire)
             if wire.conversation_id is not None:
                 self.conversations.store.add(wire.conversation_id, [*items, *response["output"]])
