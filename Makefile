@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys bench-ollama clean
+.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys bench-ollama bench-responses-socket clean
 
 # What `make run` needs: the package, its runtime dependencies and OpenBLAS.
 install: $(VENV)/.installed
@@ -129,6 +129,9 @@ bench-embedding-fairness: install-dev
 
 bench-load-gap: install-dev
 	$(WITH_BLAS) $(PY) bench/load_gap.py $(ARGS)
+
+bench-responses-socket: install-dev
+	$(WITH_BLAS) $(PY) bench/responses_socket.py $(ARGS)
 
 bench-vlm: install-dev
 	$(WITH_BLAS) $(PY) bench/vlm.py $(ARGS)

@@ -267,6 +267,11 @@ class ServerConfig:
         group=SERVER,
         help="the key that signs thinking blocks and seals reasoning and compactions (any text; give every server behind one name the same one); default: a random key made once per install, `secret.key` in the cache folder (`~/.cache/mlxserve`), readable by its owner only",
     )
+    websocket_idle_timeout: float = setting(
+        900.0,
+        group=SERVER,
+        help="seconds a WebSocket session (Responses over a socket) may stay silent between messages before the server closes it (1001, `going away`); clients reconnect",
+    )
     keepalive_seconds: float = setting(
         5.0,
         group=SERVER,

@@ -161,3 +161,16 @@ def test_codex_sessions_outlive_the_context(launch, agent_model, agents_path, tm
     rollouts = (tmp_path / ".codex" / "sessions").rglob("*.jsonl")
     assert any('"type":"compacted"' in path.read_text() for path in rollouts)
     answered(srv, "/v1/responses")
+
+
+def test_codex_over_a_websocket(launch, agent_model, agents_path, tmp_path):
+    """`mlxserve launch codex` turns on Codex's WebSocket transport (the server takes it):
+    the session's requests go over one socket, each a request of its own in the log (WS),
+    and none over HTTP."""
+    srv = launch(agent_model)
+    launcher = [sys.executable, "-m", "mlxserve", "launch", "codex", "--url", srv.url, "--"]
+    command = [*launcher, "exec", "--skip-git-repo-check", "--json", "What is two plus two?"]
+    assert codex_messages(run(command, tmp_path, agents_path)) == [AGENT_REPLY]
+    assert srv.log_lines("WebSocket opened on /v1/responses")
+    assert srv.log_lines('"WS /v1/responses" 200')
+    assert not [line for line in srv.log if '"POST /v1/responses' in line]

@@ -25,6 +25,7 @@ from conversations import colour_question, data_uri, image_part, square_png
 from helpers.server import Server
 from helpers.sse import open_stream, stream
 from helpers.streams import endless
+from websockets.sync.client import connect
 
 from mlxserve.keys.records import KeyRecord
 from mlxserve.keys.store import KeyStore
@@ -235,6 +236,32 @@ def test_a_rate_limit_is_a_429_with_retry_after(shared, tiny_model):
     assert "3 requests per minute" in refused_an.value.body["error"]["message"]
     # Another key is not held back by this one's limit.
     assert oa(srv, shared.root).models.list().data
+
+
+def test_each_socket_message_is_a_request_of_its_key(shared, tiny_model):
+    """Over a WebSocket each `response.create` is admitted and charged as a POST is: the
+    handshake and one turn spend a two-request minute, the next turn is refused with a 429
+    `error` event on the open socket, and the key's usage is the answered turn's."""
+    limited = create(shared.db, "socket", rpm=2)
+    time.sleep(LIVE_SECONDS)
+    url = shared.srv.url.replace("http://", "ws://") + "/v1/responses"
+    create_event = {"type": "response.create", "model": str(tiny_model), "input": "Hello"}
+    with connect(url, additional_headers=bearer(limited)) as ws:
+        ws.send(json.dumps({**create_event, "max_output_tokens": 6}))
+        ends = ("response.completed", "response.incomplete")
+        while (event := json.loads(ws.recv(timeout=60)))["type"] not in ends:
+            assert event["type"] != "error", event
+        answered = event["response"]["usage"]
+        ws.send(json.dumps(create_event))
+        refused = json.loads(ws.recv(timeout=60))
+    assert refused["type"] == "error" and refused["status"] == 429
+    assert refused["error"]["code"] == "rate_limit_exceeded"
+    [row] = usage_of(shared.srv, shared.root, key="socket")["data"]
+    assert (row["requests"], row["prompt_tokens"], row["completion_tokens"]) == (
+        1,  # the turn (the handshake counted against the rate, like any GET)
+        answered["input_tokens"],
+        answered["output_tokens"],
+    )
 
 
 def test_a_token_rate_counts_the_last_minute(shared, tiny_model):

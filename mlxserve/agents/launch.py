@@ -26,6 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from websockets.exceptions import InvalidHandshake
+from websockets.sync.client import connect
+
 from mlxserve.models.demo import cache_root
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -39,6 +42,7 @@ class Served:
     model: str  # the served model's name
     context: int  # its context length, prompt and output
     api_key: str
+    websockets: bool = False  # it takes the Responses API over a WebSocket
 
 
 def output_tokens(context: int) -> int:
@@ -94,11 +98,13 @@ def claude_settings(served: Served, profile: Path) -> Settings:
 
 
 def codex_settings(served: Served, profile: Path) -> Settings:
-    """Codex's provider table (Responses API) and its context window, as `-c` overrides:
+    """Codex's provider table (Responses API, over a WebSocket where the server takes one:
+    each turn then sends only what is new) and its context window, as `-c` overrides:
     nothing is written to ~/.codex. It compacts at 80% of the window."""
+    sockets = ", supports_websockets = true" if served.websockets else ""
     provider = (
         f'{{name = "mlxserve", base_url = "{served.url}/v1", wire_api = "responses", '
-        f'env_key = "{API_KEY_ENV}"}}'
+        f'env_key = "{API_KEY_ENV}"{sockets}}}'
     )
     overrides = {
         "model_provider": '"mlxserve"',
@@ -283,7 +289,23 @@ def served_model(url: str, api_key: str, timeout: float = 3) -> Served | None:
     chat = [m for m in models if m.get("kind") != "embedding" and m.get("context_length")]
     if not chat:
         raise SystemExit(f"mlxserve launch: {url} serves no chat model with a known context")
-    return Served(url, chat[0]["id"], chat[0]["context_length"], api_key)
+    sockets = offers_websockets(url, api_key, timeout)
+    return Served(url, chat[0]["id"], chat[0]["context_length"], api_key, sockets)
+
+
+def offers_websockets(url: str, api_key: str, timeout: float) -> bool:
+    """Whether the server takes the Responses API over a WebSocket (an older one answers
+    the handshake with an HTTP error)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with connect(
+            f"ws{url.removeprefix('http')}/v1/responses",
+            additional_headers=headers,
+            open_timeout=min(timeout, 10),
+        ):
+            return True
+    except (OSError, InvalidHandshake):
+        return False
 
 
 def start_server(args: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:

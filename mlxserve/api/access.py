@@ -9,27 +9,33 @@ from contextlib import contextmanager
 from email.message import Message
 
 from mlxserve.api.routes import ADMIN_PATHS
+from mlxserve.api.websocket import subprotocol_key
 from mlxserve.keys.caller import Caller, admin_only, calling
 from mlxserve.keys.gate import KeyGate
 from mlxserve.telemetry.metrics import Metrics
 from mlxserve.telemetry.record import Metered, RequestRecord
 
+# A message of a WebSocket session, as its record names its method: a request that spends.
+WEBSOCKET_METHOD = "WS"
+SPENDING_METHODS = ("POST", WEBSOCKET_METHOD)
+
 
 def given_key(headers: Message) -> str | None:
-    """`Authorization: Bearer KEY` (OpenAI's clients) or `X-API-Key: KEY` (Anthropic's)."""
+    """`Authorization: Bearer KEY` (OpenAI's clients), `X-API-Key: KEY` (Anthropic's), or
+    a browser's WebSocket subprotocol `openai-insecure-api-key.KEY`."""
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:]
-    return headers.get("X-API-Key")
+    return headers.get("X-API-Key") or subprotocol_key(headers)
 
 
 @contextmanager
 def admitted(
     gate: KeyGate, headers: Message, path: str, record: RequestRecord, metrics: Metrics
 ) -> Iterator[Caller]:
-    """Run the block as the request's caller, its costs charged to its key (a POST may
-    spend tokens: the other methods read)."""
-    spends = record.method == "POST"
+    """Run the block as the request's caller, its costs charged to its key (a POST or a
+    WebSocket message may spend tokens: the other methods read)."""
+    spends = record.method in SPENDING_METHODS
     with gate.admit(given_key(headers), spends) as caller, calling(caller):
         if path in ADMIN_PATHS and not caller.admin:
             raise admin_only()

@@ -78,9 +78,9 @@ def same_origin(origin: str, host: str | None) -> bool:
     return host is not None and origin in (f"http://{host}", f"https://{host}")
 
 
-def check_browser_post(headers: Message, allowed_origins: tuple[str, ...]) -> None:
-    """A POST from a web page (it carries Origin) must come from an allowed origin (or be
-    the server's own page) and be JSON: form and text bodies skip the browser's CORS preflight."""
+def check_origin(headers: Message, allowed_origins: tuple[str, ...]) -> None:
+    """A request from a web page (it carries Origin) must come from an allowed origin, or
+    be the server's own page: what CORS cannot stop (a simple POST, a WebSocket)."""
     origin = headers.get("Origin")
     if origin is None:
         return  # curl, SDKs, agents: not a browser
@@ -91,6 +91,14 @@ def check_browser_post(headers: Message, allowed_origins: tuple[str, ...]) -> No
             f"Requests from the origin {origin!r} are not allowed (see --allowed-origins).",
             code="origin_not_allowed",
         )
+
+
+def check_browser_post(headers: Message, allowed_origins: tuple[str, ...]) -> None:
+    """A POST from a web page must come from an allowed origin and be JSON: form and text
+    bodies skip the browser's CORS preflight."""
+    if headers.get("Origin") is None:
+        return
+    check_origin(headers, allowed_origins)
     kind = headers.get_content_type()
     if headers.get("Content-Type") is None or kind in FORM_TYPES:
         raise ServiceError(

@@ -7,17 +7,24 @@ import logging
 import select
 import socket
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
 from typing import Protocol, cast
 from urllib.parse import unquote, urlsplit
 
-from mlxserve.api.access import admitted, count_request
+from mlxserve.api.access import SPENDING_METHODS, WEBSOCKET_METHOD, admitted, count_request
 from mlxserve.api.batches.routes import is_batch_path
 from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
-from mlxserve.api.guards import body_framing, check_browser_post, check_host, chunk_size
+from mlxserve.api.guards import (
+    body_framing,
+    check_browser_post,
+    check_host,
+    check_origin,
+    chunk_size,
+)
 from mlxserve.api.images.links import LINK_PREFIX
 from mlxserve.api.openapi.document import document
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
@@ -41,6 +48,7 @@ from mlxserve.api.routes import (
     Routes,
     is_keyless,
 )
+from mlxserve.api.websocket import WebSocket, is_upgrade
 from mlxserve.config import ServerConfig
 from mlxserve.protocol.errors import (
     ClientGone,
@@ -113,6 +121,10 @@ class APIHandler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        if is_upgrade(self.headers) and path in self.app.routes.sockets:
+            self._handle(self._upgrade)  # each of its messages is answered as a request
+            return
         with self.app.answering():
             self._handle(self._get)
 
@@ -183,12 +195,69 @@ class APIHandler(BaseHTTPRequestHandler):
         )
         with recording(self.record):
             path = self._answer(route)
-            count_request(self.record)
-            self.record.finished = time.monotonic()
-            access_log.info(self.record.access_line())
-        self.app.metrics.observe(self.record, self.app.routes.endpoint(path))
-        if self.command == "POST":  # the work itself, not the pages polling for it
-            self.app.routes.activity.finished(self.record)
+            self._account(self.record, path)
+
+    def _account(self, record: RequestRecord, path: str) -> None:
+        """A request answered: its access-log line, its metrics, its place in the activity."""
+        count_request(record)
+        record.finished = time.monotonic()
+        access_log.info(record.access_line())
+        self.app.metrics.observe(record, self.app.routes.endpoint(path))
+        if record.method in SPENDING_METHODS:  # the work itself, not the pages polling for it
+            self.app.routes.activity.finished(record)
+
+    # WebSockets -------------------------------------------------------------------------
+
+    def _upgrade(self, path: str) -> None:
+        """The handshake, then the session on this connection's thread until it closes."""
+        config = self.app.config
+        check_origin(self.headers, config.allowed_origins)
+        socket_ = WebSocket.accept(
+            self.path,
+            self.headers,
+            self.connection,
+            self.rfile,
+            config.max_body_bytes,
+            config.websocket_idle_timeout,
+        )
+        assert self.record is not None
+        self.record.status = 101
+        self.close_connection = True  # the connection is the socket's now
+        self.streaming = True  # from here an error can no longer be an HTTP reply
+        peer = self.client_address[0]
+        log.info("WebSocket opened on %s for %s", path, peer)
+        try:
+            with self.app.routes.activity.socket():
+                self.app.routes.sockets[path](socket_, lambda: self._turn(path))
+        finally:
+            socket_.close()
+            log.info("WebSocket closed on %s for %s", path, peer)
+
+    @contextmanager
+    def _turn(self, path: str) -> Iterator[None]:
+        """One message of a WebSocket session, answered as a request of its own: admitted
+        with the session's key (rate limits and quotas apply to each), recorded, counted."""
+        record = RequestRecord(
+            request_id(None),
+            WEBSOCKET_METHOD,
+            path,
+            status=200,
+            on_token_gap=self.app.metrics.observe_token_gap,
+            on_token=self.app.routes.activity.token,
+        )
+        routes = self.app.routes
+        with recording(record):
+            try:
+                with (
+                    self.app.answering(),
+                    admitted(routes.keys, self.headers, path, record, self.app.metrics),
+                ):
+                    yield
+            except ServiceError as e:
+                record.status = routes.errors(path)(e).status
+                raise
+            finally:
+                self._account(record, path)
 
     def _answer(self, route) -> str:
         """Route the request; errors become the dialect's error reply. Returns the path."""
@@ -266,6 +335,12 @@ class APIHandler(BaseHTTPRequestHandler):
             self._batch(path)
         elif is_conversation_path(path):
             self._conversation(path)
+        elif path in self.app.routes.sockets:
+            raise ServiceError(
+                ErrorKind.METHOD_NOT_ALLOWED,
+                f"GET {path} opens a WebSocket (send Upgrade: websocket); POST creates a response.",
+                code="method_not_allowed",
+            )
         else:
             self._unknown(path, tuple(self.app.routes.post))
 

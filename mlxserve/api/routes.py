@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from email.message import Message
 from operator import attrgetter
@@ -41,8 +42,10 @@ from mlxserve.api.responses.conversations import is_conversation_path
 from mlxserve.api.responses.conversations import label as conversation_label
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
 from mlxserve.api.responses.files import FileInputs
+from mlxserve.api.responses.socket import ResponsesSocket
 from mlxserve.api.status import StatusEndpoint
 from mlxserve.api.usage import UsageEndpoints
+from mlxserve.api.websocket import WebSocket
 from mlxserve.keys.gate import KeyGate
 from mlxserve.keys.store import keys_path
 from mlxserve.protocol.errors import not_found
@@ -167,6 +170,8 @@ POST_ROUTES: tuple[tuple[tuple[str, ...], str], ...] = (
 # A POST endpoint: (request body, the connection) -> a JSON reply, a whole reply of
 # another type, or None once streamed.
 Endpoint = Callable[[bytes, Responder], dict | RawReply | None]
+# A WebSocket session: (the open socket, what answers each message as a request of its own)
+SocketSession = Callable[[WebSocket, Callable[[], AbstractContextManager[None]]], None]
 
 
 @dataclass
@@ -187,6 +192,7 @@ class Routes:
     infill: InfillEndpoints = field(init=False)
     ollama: OllamaEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
+    sockets: dict[str, SocketSession] = field(init=False)  # GET paths a WebSocket opens on
     batch_keeper: BatchKeeper = field(init=False)
     batches: BatchRoutes = field(init=False)
     keys: KeyGate = field(init=False)
@@ -213,6 +219,7 @@ class Routes:
         self.post = {
             path: attrgetter(endpoint)(self) for paths, endpoint in POST_ROUTES for path in paths
         }
+        self.sockets = {path: self._responses_socket for path in RESPONSES_PATHS}
         # Batch lines run through the endpoints a client's request of their kind takes.
         lines = {path: self.post[path] for path in (*BATCH_ENDPOINTS, MESSAGES)}
         outputs: dict[str, Outputs] = {"openai": output_files}
@@ -224,6 +231,9 @@ class Routes:
         self.batches = BatchRoutes(
             FileEndpoints(keeper), BatchEndpoints(keeper), MessageBatchEndpoints(keeper)
         )
+
+    def _responses_socket(self, socket_: WebSocket, turn) -> None:
+        ResponsesSocket(self.responses, socket_, turn, openai_error).serve()
 
     def body_limit(self, path: str) -> int:
         """The largest body a POST to `path` may send: an audio upload's is the audio

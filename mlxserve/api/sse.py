@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from io import BufferedIOBase
+from typing import Protocol
 
 from mlxserve.api.responder import SSE_CONTENT_TYPE, Responder
 from mlxserve.protocol.errors import ClientGone, ServiceError, internal_error
@@ -14,23 +15,30 @@ from mlxserve.protocol.errors import ClientGone, ServiceError, internal_error
 log = logging.getLogger(__name__)
 
 
-class ChunkedWriter:
-    """A streamed body in HTTP/1.1 chunks. Sends the response headers with the first
-    write, so that until then the request can still be answered with a plain HTTP error."""
+class EventSink(Protocol):
+    """Where a dialect's stream of events goes: server-sent events on an HTTP reply
+    (SSEWriter), or text frames on a WebSocket (websocket.SocketEvents)."""
 
-    content_type = SSE_CONTENT_TYPE
+    started: bool  # the first event went out: an error can no longer be a plain reply
 
-    def __init__(self, responder: Responder):
-        self._responder = responder
-        self._body: BufferedIOBase | None = None
-        self.started = False
+    def event(self, payload: dict, name: str | None = None) -> None: ...
+
+    def comment(self, text: str) -> None:
+        """Nothing for the client to read: a keepalive."""
+        ...
+
+    def keepalive(self, seconds: float, send: Callable[[], None]) -> Callable[[], None]: ...
+
+    def close(self) -> None:
+        """The end of the stream."""
+        ...
+
+
+class Paced:
+    """A stream that knows when it last wrote, for its keepalives."""
+
+    def __init__(self) -> None:
         self.last_write = time.monotonic()
-
-    def start(self) -> None:
-        if self.started:
-            return
-        self.started = True
-        self._body = self._responder.open_stream(self.content_type)
 
     def silent_for(self, seconds: float) -> bool:
         """Whether nothing was written for `seconds`: time for a keepalive."""
@@ -46,6 +54,25 @@ class ChunkedWriter:
                 send()
 
         return tick
+
+
+class ChunkedWriter(Paced):
+    """A streamed body in HTTP/1.1 chunks. Sends the response headers with the first
+    write, so that until then the request can still be answered with a plain HTTP error."""
+
+    content_type = SSE_CONTENT_TYPE
+
+    def __init__(self, responder: Responder):
+        super().__init__()
+        self._responder = responder
+        self._body: BufferedIOBase | None = None
+        self.started = False
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        self._body = self._responder.open_stream(self.content_type)
 
     def close(self) -> None:
         """The end of the body."""
@@ -95,7 +122,7 @@ class NDJSONWriter(ChunkedWriter):
         self._write(json.dumps(payload, ensure_ascii=False) + "\n")
 
 
-def stream_failure(sse: ChunkedWriter, error: Exception) -> ServiceError:
+def stream_failure(sse: EventSink | ChunkedWriter, error: Exception) -> ServiceError:
     """The error a begun stream ends with, in the dialect's error event: a bug is one too
     (a stream cut short without its last event looks like a network fault). Before the
     stream began, or when the client left, the error goes on to the HTTP handler."""

@@ -43,6 +43,7 @@ class StatusEndpoint:
             "warnings": [warning] if warning else [],
             "default_model": next(iter(provider.served)),
             "requests": {"running": worker.running, "waiting": worker.waiting},
+            "websockets": self.activity.sockets,
             "tokens_per_second": self.activity.tokens_per_second(),
             "memory": {
                 "budget_bytes": worker.memory_budget,

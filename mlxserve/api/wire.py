@@ -81,10 +81,11 @@ def _check_depth(body: dict) -> None:
             stack += [(v, (*path, i), depth + 1) for i, v in enumerate(value)]
 
 
-def validate(model: type[BaseModel], body: dict) -> Any:
-    """Validate a decoded body into `model`, turning the first problem into a 400."""
+def validate(model: type[BaseModel], body: dict, context: dict | None = None) -> Any:
+    """Validate a decoded body into `model`, turning the first problem into a 400.
+    `context`: what the model's validators may read of how it came (a WebSocket warm-up)."""
     try:
-        return model.model_validate(body)
+        return model.model_validate(body, context=context)
     except ValidationError as e:
         error = e.errors(include_url=False)[0]
         param = _param(error["loc"])

@@ -266,6 +266,7 @@ STATUS = obj(
         "object": {"const": "status"},
         "warnings": array(STRING),
         "requests": obj({"running": INTEGER, "waiting": INTEGER}),
+        "websockets": INTEGER,
         "models": array(OBJECT),
         "recent": array(OBJECT),
         "batches": OBJECT,

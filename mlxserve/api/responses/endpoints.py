@@ -4,6 +4,7 @@ that fails ends with `error` and `response.failed` events."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
@@ -17,15 +18,17 @@ from mlxserve.api.responses.conversation import InputItem, ItemReference, Messag
 from mlxserve.api.responses.conversations import ConversationEndpoints
 from mlxserve.api.responses.files import FileInputs
 from mlxserve.api.responses.items import kept, substituted
+from mlxserve.api.responses.last import LastResponse
 from mlxserve.api.responses.output import ResponseBuilder, ResponseStream
 from mlxserve.api.responses.requests import Resolved, ResponsesRequest, chat_request
 from mlxserve.api.responses.store import ResponseStore, StoredResponse
-from mlxserve.api.sse import SSEWriter, stream_failure
+from mlxserve.api.sse import EventSink, SSEWriter, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.conversations.store import ConversationStore
 from mlxserve.protocol.errors import bad_request, not_found
+from mlxserve.protocol.request import ChatRequest
 from mlxserve.service.chat import ChatService
-from mlxserve.service.results import Choice
+from mlxserve.service.results import Choice, Usage
 
 # Reasoning goes out as reasoning items whatever --reasoning-format says.
 REASONING_FORMAT = "separate"
@@ -48,15 +51,31 @@ class ResponsesEndpoints:
         self.conversations = ConversationEndpoints(store, self.resolve_items)
 
     def create(self, raw: bytes, responder: Responder) -> dict | None:
-        wire = self._resolved(parse(ResponsesRequest, raw))
+        wire = parse(ResponsesRequest, raw)
+        sink = SSEWriter(responder) if wire.stream else None
+        return self.respond(wire, responder.client_gone, sink)
+
+    def respond(
+        self,
+        request: ResponsesRequest,
+        client_gone: Callable[[], bool],
+        sink: EventSink | None,
+        last: LastResponse | None = None,
+    ) -> dict | None:
+        """Answer a request: whole (returned) or as events into `sink`. `last`: the
+        connection's own last response (a WebSocket's), which `previous_response_id` may
+        continue unstored."""
+        wire = self._resolved(request)
+        history = self._history(wire, last)
+        keep = self._keeper(wire, history, last)
+        chat = self._chat(wire, history)
         if wire.compaction_triggered:
-            return self._compaction(wire, responder, self._keeper(wire))
-        prepared = self.service.prepare_chat(self._chat(wire), REASONING_FORMAT)
+            return self._compaction(wire, chat, client_gone, sink, keep)
+        prepared = self.service.prepare_chat(chat, REASONING_FORMAT)
         fmt = self._builder(wire, prepared.texts if wire.logprobs is not None else None)
-        run = self.service.run(prepared, responder.client_gone)
-        keep = self._keeper(wire)
-        if wire.stream:
-            self._stream(run, fmt, responder, keep)
+        run = self.service.run(prepared, client_gone)
+        if sink is not None:
+            self._stream(run, fmt, sink, keep)
             return None
         choice = None
         for step in run.steps():
@@ -67,13 +86,28 @@ class ResponsesEndpoints:
         keep(response)
         return response
 
+    def warm_up(self, request: ResponsesRequest, sink: EventSink, last: LastResponse) -> None:
+        """A WebSocket's `generate: false` (Codex sends its instructions and tools so as a
+        session starts): a response with no output whose id the next turn continues. The
+        prompt is not computed ahead: a client that does not wait for its user (`codex
+        exec`) would pay for it twice (docs/api-responses.md, WebSocket mode)."""
+        wire = self._resolved(request)
+        history = self._history(wire, last)
+        # refused here for what a turn would refuse (unknown files, malformed items)
+        self._chat(wire, history, warmup=True)
+        fmt = self._builder(wire, None)
+        response = fmt.response("completed", usage=Usage())
+        self._keeper(wire, history, last)(response)
+        ResponseStream(sink, fmt).whole(response)
+
     def compact(self, raw: bytes, responder: Responder) -> dict | None:
         """POST /v1/responses/compact: the conversation's compaction, as a
         `response.compaction` object (never stored, never streamed)."""
         wire = self._resolved(parse(ResponsesRequest, raw))
         if wire.stream:
             raise bad_request("/v1/responses/compact does not stream.", "stream")
-        response = self._compaction(wire, responder, lambda _: None)
+        chat = self._chat(wire, self._history(wire))
+        response = self._compaction(wire, chat, responder.client_gone, None, lambda _: None)
         assert response is not None  # not streamed
         return {
             "id": response["id"],
@@ -83,13 +117,19 @@ class ResponsesEndpoints:
             "usage": response["usage"],
         }
 
-    def _compaction(self, wire: Resolved, responder: Responder, keep) -> dict | None:
+    def _compaction(
+        self,
+        wire: Resolved,
+        chat: ChatRequest,
+        client_gone: Callable[[], bool],
+        sse: EventSink | None,
+        keep,
+    ) -> dict | None:
         """A response whose one output item is the conversation's compaction: a summary
         the model writes (compaction.py), sealed."""
-        prepared = self.service.prepare_chat(summary_request(self._chat(wire)), REASONING_FORMAT)
+        prepared = self.service.prepare_chat(summary_request(chat), REASONING_FORMAT)
         fmt = self._builder(wire, None)
-        run = self.service.run(prepared, responder.client_gone)
-        sse = SSEWriter(responder) if wire.stream else None
+        run = self.service.run(prepared, client_gone)
         stream = ResponseStream(sse, fmt) if sse is not None else None
         keepalive_seconds = self.service.config.keepalive_seconds
         keepalive = (
@@ -115,16 +155,21 @@ class ResponsesEndpoints:
         sse.close()
         return None
 
-    def _chat(self, wire: Resolved):
-        """The neutral request: the stored chain `previous_response_id` continues (or the
-        conversation's items), then the input."""
-        history = []
-        if wire.previous_response_id is not None:
-            history = _ITEMS.validate_python(self.store.history(wire.previous_response_id))
-        elif wire.conversation_id is not None:
+    def _chat(self, wire: Resolved, history: list[dict], warmup: bool = False) -> ChatRequest:
+        """The neutral request: the history (`_history`), then the input."""
+        return chat_request(wire, _ITEMS.validate_python(history), self.files, warmup)
+
+    def _history(self, wire: Resolved, last: LastResponse | None = None) -> list[dict]:
+        """The items before the input: the chain `previous_response_id` continues (the
+        connection's own last response, else the stored ones), or the conversation's."""
+        previous = wire.previous_response_id
+        if previous is not None:
+            own = last.history(previous) if last is not None else None
+            return own if own is not None else self.store.history(previous)
+        if wire.conversation_id is not None:
             record = self.conversations.record(wire.conversation_id, "conversation")
-            history = _ITEMS.validate_python(self.conversations.store.items(record.id))
-        return chat_request(wire, history, self.files)
+            return self.conversations.store.items(record.id)
+        return []
 
     def _resolved(self, wire: ResponsesRequest) -> Resolved:
         """The request with each item_reference replaced by the stored item it names."""
@@ -171,14 +216,17 @@ class ResponsesEndpoints:
             texts=texts,
         )
 
-    def _keeper(self, wire: Resolved):
-        """What keeps a response once made: the store (unless store is false), and the
-        conversation the turn continues (its input and output added, in order)."""
+    def _keeper(self, wire: Resolved, history: list[dict], last: LastResponse | None):
+        """What keeps a response once made: the store (unless store is false), the
+        conversation the turn continues (its input and output added, in order), and the
+        connection's memory of its last response."""
 
         def keep(response: dict) -> None:
+            items = _input_items(wire)
+            if last is not None:
+                last.remember(response, [*history, *items])
             if wire.conversation_id is None and not wire.store:
                 return
-            items = _input_items(wire)
             if wire.conversation_id is not None:
                 self.conversations.store.add(wire.conversation_id, [*items, *response["output"]])
             if wire.store:
@@ -186,10 +234,9 @@ class ResponsesEndpoints:
 
         return keep
 
-    def _stream(self, run, fmt: ResponseBuilder, responder: Responder, keep) -> None:
+    def _stream(self, run, fmt: ResponseBuilder, sse: EventSink, keep) -> None:
         """Stream the response; it is stored before the stream ends, so a client that
         has read the last event finds it stored."""
-        sse = SSEWriter(responder)
         stream = ResponseStream(sse, fmt)
         keepalive = sse.keepalive(self.service.config.keepalive_seconds, stream.keepalive)
         response, choice = None, None

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from mlxserve.api.responses.sealed import REASONING
-from mlxserve.api.sse import SSEWriter
+from mlxserve.api.sse import EventSink
 from mlxserve.postprocess.events import Reasoning, ToolCallArguments, ToolCallStart
 from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.results import Block, Choice, TokenLogprob, Usage
@@ -161,7 +161,7 @@ class ResponseStream:
     """Writes one response as the Responses API's SSE events, each with its type as the
     `event:` name and an increasing `sequence_number`."""
 
-    def __init__(self, sse: SSEWriter, fmt: ResponseBuilder):
+    def __init__(self, sse: EventSink, fmt: ResponseBuilder):
         self._sse = sse
         self._fmt = fmt
         self._sequence = 0

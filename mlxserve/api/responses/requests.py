@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from mlxserve.api.quirks import leave_out_hosted_tools
 from mlxserve.api.responses.conversation import CompactionTrigger, Conversation, InputItem
@@ -103,6 +110,10 @@ class ConversationRef(Strict):
     id: str
 
 
+# The validation context of a WebSocket warm-up (`generate: false`), which may have no input.
+WARMUP = "warmup"
+
+
 class ResponsesRequest(Strict):
     model: str | None = None
     input: list[InputItem] | str  # the list first: its errors are the ones worth naming
@@ -168,15 +179,18 @@ class ResponsesRequest(Strict):
 
     @field_validator("input")
     @classmethod
-    def _not_empty(cls, value):
-        if isinstance(value, list) and not value:
+    def _not_empty(cls, value, info: ValidationInfo):
+        """Empty only where nothing is answered: a WebSocket warm-up (`generate: false`)
+        readies the instructions and tools before the first message."""
+        warmup = (info.context or {}).get(WARMUP, False)
+        if isinstance(value, list) and not value and not warmup:
             raise ValueError("must not be empty")
         return value
 
     @property
     def compaction_triggered(self) -> bool:
         """The input ends with a compaction_trigger: the reply is its compaction."""
-        return isinstance(self.input, list) and isinstance(self.input[-1], CompactionTrigger)
+        return bool(self.input) and isinstance(self.input[-1], CompactionTrigger)
 
     @property
     def summary(self) -> Summary | None:
@@ -214,10 +228,14 @@ class Resolved(ResponsesRequest):
 
 
 def chat_request(
-    wire: Resolved, history: list[InputItem], files: FileInputs | None = None
+    wire: Resolved,
+    history: list[InputItem],
+    files: FileInputs | None = None,
+    warmup: bool = False,
 ) -> neutral.ChatRequest:
     """`history`: the items of the stored responses `previous_response_id` continues, or
-    of the conversation."""
+    of the conversation. `warmup`: a WebSocket's `generate: false`, which answers nothing
+    and may hold the instructions alone."""
     items = [*history, *([] if isinstance(wire.input, str) else wire.input)]
     own = frozenset(range(len(history))) | {len(history) + i for i in wire.referenced}
     field = "conversation" if wire.conversation is not None else "previous_response_id"
@@ -225,7 +243,7 @@ def chat_request(
     messages = conversation.messages(items, wire.instructions)
     if isinstance(wire.input, str):
         messages += (neutral.Message("user", wire.input, "input"),)
-    if not any(m.role != "system" for m in messages):
+    if not warmup and not any(m.role != "system" for m in messages):
         raise bad_request("The input holds no message for the model to answer.", "input")
     reasoning = wire.reasoning
     effort = reasoning.effort if reasoning else None

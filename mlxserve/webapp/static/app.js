@@ -424,6 +424,7 @@ function renderStatus(status) {
   $("running").textContent = status.requests.running;
   $("waiting").textContent = status.requests.waiting;
   $("rate").textContent = status.tokens_per_second.toFixed(1);
+  $("sockets").textContent = status.websockets;
   $("recent-table").tBodies[0].replaceChildren(...status.recent.map((r) => el("tr", {},
     el("td", { textContent: r.request_id }),
     el("td", { textContent: r.path }),
