@@ -44,6 +44,7 @@ from mlxserve.units import GB, format_bytes
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 5  # at shutdown, for open requests to write their last event
+SOCKETS_CLOSING_SECONDS = 3  # then for WebSockets to finish their closing handshakes
 
 
 class MLXServer(ThreadingHTTPServer):
@@ -300,8 +301,10 @@ def shut_down(server: MLXServer) -> None:
     server.server_close()
     server.routes.batch_keeper.stop()  # lines running now run again after a restart
     server.routes.service.worker.stop()
+    server.routes.open_sockets.going_away()  # each closes with 1001 once its turn ends
     if not server.drain(DRAIN_SECONDS):
         log.warning("Some requests did not finish their replies within %ds", DRAIN_SECONDS)
+    server.routes.open_sockets.wait_closed(SOCKETS_CLOSING_SECONDS)
     log.info("Stopped")
     logging.shutdown()
     sys.stdout.flush()

@@ -3,12 +3,15 @@ dialect's error event and proper end instead of being cut."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
 from helpers.server import start_server
 from helpers.sse import open_stream
 from helpers.streams import endless
+from websockets.exceptions import ConnectionClosedOK
+from websockets.sync.client import connect
 
 
 def open_endless(srv, model, path: str):
@@ -50,5 +53,32 @@ def test_ctrl_c_stops_a_server_started_with_it_ignored(tiny_model):
     try:
         srv.process.send_signal(signal.SIGINT)
         assert srv.process.wait(timeout=30) == 0
+    finally:
+        srv.stop()
+
+
+def test_a_signal_closes_websockets_as_going_away(tiny_model):
+    """An idle session and one whose turn waits for a slot: the turn ends with its error
+    and `response.failed`, then both sockets get a close frame, 1001, before the exit."""
+    srv = start_server(tiny_model, "--max-concurrent", "1", "--keepalive-seconds", "0.3")
+    url = srv.url.replace("http://", "ws://") + "/v1/responses"
+    try:
+        busy = open_endless(srv, tiny_model, "/v1/chat/completions")
+        idle, waiting = connect(url), connect(url)
+        turn = {"type": "response.create", "model": "default", "input": "Hello"}
+        waiting.send(json.dumps(turn))
+        assert json.loads(waiting.recv(timeout=30))["type"] == "response.created"
+        srv.process.send_signal(signal.SIGTERM)
+        assert srv.process.wait(timeout=30) == 0
+        busy[1].read()
+        events = []
+        with pytest.raises(ConnectionClosedOK):
+            while True:
+                events.append(json.loads(waiting.recv(timeout=30))["type"])
+        assert events[-2:] == ["error", "response.failed"]
+        for socket_ in (idle, waiting):
+            closed = socket_.protocol.close_rcvd
+            assert closed is not None
+            assert (closed.code, closed.reason) == (1001, "server shutting down")
     finally:
         srv.stop()

@@ -227,7 +227,7 @@ class APIHandler(BaseHTTPRequestHandler):
         peer = self.client_address[0]
         log.info("WebSocket opened on %s for %s", path, peer)
         try:
-            with self.app.routes.activity.socket():
+            with self.app.routes.open_sockets.holding(socket_):
                 self.app.routes.sockets[path](socket_, lambda: self._turn(path))
         finally:
             socket_.close()

@@ -45,7 +45,7 @@ from mlxserve.api.responses.files import FileInputs
 from mlxserve.api.responses.socket import ResponsesSocket
 from mlxserve.api.status import StatusEndpoint
 from mlxserve.api.usage import UsageEndpoints
-from mlxserve.api.websocket import WebSocket
+from mlxserve.api.websocket import OpenSockets, WebSocket
 from mlxserve.keys.gate import KeyGate
 from mlxserve.keys.store import keys_path
 from mlxserve.protocol.errors import not_found
@@ -193,6 +193,7 @@ class Routes:
     ollama: OllamaEndpoints = field(init=False)
     post: dict[str, Endpoint] = field(init=False)
     sockets: dict[str, SocketSession] = field(init=False)  # GET paths a WebSocket opens on
+    open_sockets: OpenSockets = field(default_factory=OpenSockets)
     batch_keeper: BatchKeeper = field(init=False)
     batches: BatchRoutes = field(init=False)
     keys: KeyGate = field(init=False)
@@ -227,7 +228,9 @@ class Routes:
             self.service.config, lines, self.errors, outputs, self.keys, self.activity.token
         )
         self.batch_keeper = keeper
-        self.status = StatusEndpoint(self.service, self.activity, keeper, self.keys)
+        self.status = StatusEndpoint(
+            self.service, self.activity, keeper, self.keys, self.open_sockets
+        )
         self.batches = BatchRoutes(
             FileEndpoints(keeper), BatchEndpoints(keeper), MessageBatchEndpoints(keeper)
         )

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from mlxserve.api.batches.keeper import BatchKeeper
 from mlxserve.api.batches.owners import scope
 from mlxserve.api.guards import exposure_warning
+from mlxserve.api.websocket import OpenSockets
 from mlxserve.keys.caller import current_caller
 from mlxserve.keys.gate import KeyGate
 from mlxserve.keys.store import day_of
@@ -25,6 +26,7 @@ class StatusEndpoint:
     activity: Activity
     batches: BatchKeeper
     keys: KeyGate
+    sockets: OpenSockets
 
     def status(self) -> dict:
         worker, provider = self.service.worker, self.service.provider
@@ -43,7 +45,7 @@ class StatusEndpoint:
             "warnings": [warning] if warning else [],
             "default_model": next(iter(provider.served)),
             "requests": {"running": worker.running, "waiting": worker.waiting},
-            "websockets": self.activity.sockets,
+            "websockets": len(self.sockets),
             "tokens_per_second": self.activity.tokens_per_second(),
             "memory": {
                 "budget_bytes": worker.memory_budget,

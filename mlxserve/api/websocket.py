@@ -12,9 +12,11 @@ import json
 import logging
 import select
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from email.message import Message
 from io import BufferedIOBase
 
@@ -34,6 +36,7 @@ protocol_log.setLevel(logging.WARNING)
 
 READ_SIZE = 64 * 1024
 CLOSING_SECONDS = 2.0  # how long a closing handshake waits for the client's answer
+LEAVING_POLL_SECONDS = 0.25  # how often a waiting session looks whether the server stops
 # Browsers cannot set headers on a WebSocket: they send the key as a subprotocol.
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 
@@ -79,6 +82,7 @@ class WebSocket:
         self._protocol = protocol
         self._connection = connection
         self._idle = idle
+        self._leaving = False  # the server is shutting down (`going_away`)
         self._messages: deque[str | bytes] = deque()
         self._fragments: list[bytes] = []
         self._opcode: Opcode | None = None  # the type of the message being assembled
@@ -107,7 +111,6 @@ class WebSocket:
         protocol.send_response(response)
         socket_ = cls(protocol, connection, idle)
         socket_._flush()
-        connection.settimeout(idle)
         socket_._take_buffered(reader)
         return socket_
 
@@ -129,19 +132,31 @@ class WebSocket:
             yield message
 
     def receive(self) -> str | bytes | None:
-        """The next whole message; None once the connection is closed."""
+        """The next whole message; None once the connection is closed (the client's
+        close, its silence for the idle timeout, the server going away)."""
+        deadline = time.monotonic() + self._idle
         while not self._messages:
             if self.closed:
                 return None
-            try:
-                data = self._connection.recv(READ_SIZE)
-            except TimeoutError:
+            if self._leaving:
+                self.close(CloseCode.GOING_AWAY, "server shutting down")
+                return None
+            if time.monotonic() >= deadline:
                 self.close(CloseCode.GOING_AWAY, "idle timeout")
                 return None
-            except OSError:
-                data = b""
-            self._feed(data)
+            wait = min(LEAVING_POLL_SECONDS, deadline - time.monotonic())
+            try:
+                readable, _, _ = select.select([self._connection], [], [], max(wait, 0))
+                if readable:
+                    self._feed(self._connection.recv(READ_SIZE))
+            except (OSError, ValueError):
+                self._abort()
         return self._messages.popleft()
+
+    def going_away(self) -> None:
+        """From another thread, at shutdown: the session closes with 1001 as soon as its
+        turn (if one runs) has ended."""
+        self._leaving = True
 
     def gone(self) -> bool:
         """Whether the client has left, reading what it sent meanwhile without waiting (a
@@ -178,7 +193,7 @@ class WebSocket:
         self._connection.settimeout(CLOSING_SECONDS)
         try:
             while self._protocol.state is not State.CLOSED:
-                self._feed(self._connection.recv(READ_SIZE))
+                self._feed(self._connection.recv(READ_SIZE))  # b"" once shut: the end
         except OSError:
             self._abort()
 
@@ -189,7 +204,7 @@ class WebSocket:
         try:
             buffered = reader.peek()  # type: ignore[attr-defined]  # a BufferedReader's
         finally:
-            self._connection.settimeout(self._idle)
+            self._connection.settimeout(CLOSING_SECONDS)  # reads follow select()
         if buffered:
             self._feed(reader.read(len(buffered)))
 
@@ -262,3 +277,38 @@ class SocketEvents(Paced):
 
     def close(self) -> None:
         """The turn is over; the connection waits for the next message."""
+
+
+class OpenSockets:
+    """The sessions open now: counted on the status page, told to go away at shutdown."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: set[WebSocket] = set()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    @contextmanager
+    def holding(self, socket_: WebSocket) -> Iterator[None]:
+        with self._lock:
+            self._open.add(socket_)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open.discard(socket_)
+
+    def going_away(self) -> None:
+        with self._lock:
+            open_now = list(self._open)
+        for socket_ in open_now:
+            socket_.going_away()
+
+    def wait_closed(self, seconds: float) -> bool:
+        """Wait up to `seconds` for every session to end; whether all did."""
+        deadline = time.monotonic() + seconds
+        while len(self) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not len(self)

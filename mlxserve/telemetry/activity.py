@@ -1,13 +1,11 @@
 """What the server has been doing lately, for the web app's status page: the last requests
-answered, the tokens generated per second across all of them, the WebSockets open."""
+answered, and the tokens generated per second across all of them."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from mlxserve.telemetry.record import RequestRecord
 
@@ -20,18 +18,6 @@ class Activity:
         self._lock = threading.Lock()
         self._recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
         self._tokens: deque[float] = deque()  # when each token of the window came out
-        self.sockets = 0  # WebSocket sessions open now
-
-    @contextmanager
-    def socket(self) -> Iterator[None]:
-        """A WebSocket session is open for the block."""
-        with self._lock:
-            self.sockets += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.sockets -= 1
 
     def token(self, at: float) -> None:
         """A token was generated at `at` (monotonic seconds)."""
