@@ -3,6 +3,7 @@ with the message, the loop starts again, and the server keeps serving."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ import pytest
 from conversations import BY_NAME
 from helpers.inprocess import in_process
 from helpers.streams import endless
+from websockets.sync.client import connect
 
 from mlxserve.engine import batch, worker
 
@@ -132,6 +134,36 @@ def test_a_bug_mid_stream_still_ends_the_stream_properly(tiny_model, monkeypatch
         assert len(got.chunks) == 6  # the role chunk, four deltas, the error
         error = got.chunks[-1]["error"]
         assert error["type"] == "server_error" and "injected bug" in error["message"]
+
+
+def socket_to(server):
+    return connect(server.url.replace("http://", "ws://") + "/v1/responses")
+
+
+def test_a_bug_in_a_websocket_turn_fails_that_turn_only(tiny_model, monkeypatch):
+    """An unexpected exception before a socket's turn has begun (here: in the Responses
+    request's translation) is a 500 `error` event; the session goes on with the next."""
+    from mlxserve.api.responses import endpoints
+
+    translate, calls = endpoints.chat_request, []
+
+    def fail_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("injected bug")
+        return translate(*args, **kwargs)
+
+    monkeypatch.setattr(endpoints, "chat_request", fail_first)
+    turn = {"type": "response.create", "model": "default", "input": "Hello"}
+    with in_process(tiny_model, monkeypatch) as client, socket_to(client) as ws:
+        ws.send(json.dumps(turn))
+        error = json.loads(ws.recv(timeout=60))
+        assert error["type"] == "error" and error["status"] == 500
+        assert "injected bug" in error["error"]["message"]
+        ws.send(json.dumps(turn))
+        ends = ("response.completed", "response.incomplete")
+        while (event := json.loads(ws.recv(timeout=60)))["type"] not in ends:
+            assert event["type"] != "error", event
 
 
 def test_a_failure_while_joining_the_batch_answers_the_request(tiny_model, monkeypatch):

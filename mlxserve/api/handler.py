@@ -256,6 +256,11 @@ class APIHandler(BaseHTTPRequestHandler):
             except ServiceError as e:
                 record.status = routes.errors(path)(e).status
                 raise
+            except ClientGone:
+                raise
+            except Exception:
+                record.status = 500
+                raise
             finally:
                 self._account(record, path)
 

@@ -16,7 +16,7 @@ from mlxserve.api.responses.last import LastResponse
 from mlxserve.api.responses.requests import WARMUP, ResponsesRequest
 from mlxserve.api.websocket import SocketEvents, WebSocket
 from mlxserve.api.wire import parse_json_body, validate
-from mlxserve.protocol.errors import ClientGone, ServiceError, bad_request
+from mlxserve.protocol.errors import ClientGone, ServiceError, bad_request, internal_error
 
 log = logging.getLogger(__name__)
 
@@ -47,27 +47,29 @@ class ResponsesSocket:
     def serve(self) -> None:
         for message in self._socket:
             try:
+                event = _event(message)
+            except ServiceError as e:  # not a request: refused without counting as one
+                self._refuse(e)
+                continue
+            if event["type"] in IGNORED:
+                continue
+            try:
                 with self._turn():
-                    self._message(message)
+                    self._create(event)
             except ServiceError as e:  # before the response began: the turn is refused
                 self._refuse(e)
             except ClientGone:
                 log.info("the client left during a response")
                 return
+            except Exception as e:  # a bug: this turn fails, the session goes on
+                log.exception("unhandled error in a WebSocket turn")
+                self._refuse(internal_error(f"Internal error: {e}"))
 
-    def _message(self, message: str | bytes) -> None:
-        if isinstance(message, bytes):
-            raise bad_request("Send each event as a JSON text frame, not a binary one.")
-        body = parse_json_body(message.encode("utf-8"))
-        kind = body.get("type")
-        if kind in IGNORED:
-            return
-        if kind != CREATE:
-            raise bad_request(f"Unknown event type {kind!r}: this socket takes '{CREATE}'.", "type")
-        generate = body.get("generate", True)
+    def _create(self, event: dict) -> None:
+        generate = event.get("generate", True)
         if not isinstance(generate, bool):
             raise bad_request("generate must be true or false.", "generate")
-        fields = {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
+        fields = {k: v for k, v in event.items() if k not in TRANSPORT_FIELDS}
         request = validate(ResponsesRequest, {**fields, "stream": True}, {WARMUP: not generate})
         events = SocketEvents(self._socket)
         if generate:
@@ -84,3 +86,14 @@ class ResponsesSocket:
             self._socket.send_json({"type": "error", "status": reply.status, **reply.body})
         except Exception:  # the client left: nothing to tell
             log.debug("could not send an error event", exc_info=True)
+
+
+def _event(message: str | bytes) -> dict:
+    """A client event: a JSON object of a type this socket takes."""
+    if isinstance(message, bytes):
+        raise bad_request("Send each event as a JSON text frame, not a binary one.")
+    event = parse_json_body(message.encode("utf-8"))
+    kind = event.get("type")
+    if kind != CREATE and kind not in IGNORED:
+        raise bad_request(f"Unknown event type {kind!r}: this socket takes '{CREATE}'.", "type")
+    return event
