@@ -93,13 +93,14 @@ def run(command: list[str], home: Path, path: str, **env: str) -> subprocess.Com
     )
 
 
-def answered(srv, path: str, since: int = 0) -> list[str]:
+def answered(srv, path: str, since: int = 0, method: str = "POST") -> list[str]:
     """The access-log lines of the agent's requests (from line `since` of the log, for a
-    server that several tests share); every one must have been a 200. The log is read on
-    another thread: the first line may trail the agent's exit by a moment."""
+    server that several tests share; `method` WS: its turns over a WebSocket); every one
+    must have been a 200. The log is read on another thread: the first line may trail the
+    agent's exit by a moment."""
     deadline = time.monotonic() + 10
     while True:
-        lines = [line for line in srv.log[since:] if f'"POST {path}' in line]
+        lines = [line for line in srv.log[since:] if f'"{method} {path}' in line]
         if lines or time.monotonic() > deadline:
             break
         time.sleep(0.05)

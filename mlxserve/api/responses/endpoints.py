@@ -93,7 +93,9 @@ class ResponsesEndpoints:
         exec`) would pay for it twice (docs/api-responses.md, WebSocket mode)."""
         wire = self._resolved(request)
         history = self._history(wire, last)
-        # refused here for what a turn would refuse (unknown files, malformed items)
+        # refused here for what a turn would refuse (a model the key may not use, unknown
+        # files, malformed items)
+        self.service.resolve(wire.model)
         self._chat(wire, history, warmup=True)
         fmt = self._builder(wire, None)
         response = fmt.response("completed", usage=Usage())
