@@ -65,7 +65,8 @@ def _choose_subprotocol(
     _protocol: ServerProtocol, offered: Sequence[Subprotocol]
 ) -> Subprotocol | None:
     """A browser that offers subprotocols fails the connection unless one is chosen: the
-    first one that is not a key (`realtime`), else the key's own, as OpenAI's server does."""
+    first one that is not a key (`realtime`), else the key's own (echoed to this client
+    only, which sent it)."""
     plain = [name for name in offered if not name.startswith(KEY_SUBPROTOCOL)]
     chosen = plain or list(offered)
     return chosen[0] if chosen else None
