@@ -224,11 +224,11 @@ class ResponsesEndpoints:
         connection's memory of its last response."""
 
         def keep(response: dict) -> None:
+            if last is None and wire.conversation_id is None and not wire.store:
+                return  # nothing keeps it: no item list is built
             items = _input_items(wire)
             if last is not None:
                 last.remember(response, [*history, *items])
-            if wire.conversation_id is None and not wire.store:
-                return
             if wire.conversation_id is not None:
                 self.conversations.store.add(wire.conversation_id, [*items, *response["output"]])
             if wire.store:
