@@ -343,6 +343,191 @@ def test_harmony_reasoning_and_tool_call(harmony):
         assert "<|channel|>" not in str(blocks(message))
 
 
+# Context editing -------------------------------------------------------------------------
+
+CONTEXT_BETA = ["context-management-2025-06-27"]
+CLEARED = "[Old tool result content cleared]"  # what a cleared tool result reads
+TIME = {
+    "name": "get_time",
+    "description": "The time in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+# Four tool uses, oldest first: the weather in Paris and London, the time, Rome's weather.
+USES = [("get_weather", "Paris"), ("get_weather", "London"), ("get_time", "Paris")]
+USES += [("get_weather", "Rome")]
+
+
+def tool_history(cleared: int = 0, inputs: bool = False) -> list[dict]:
+    """A conversation of USES and their results, then a question; the first `cleared`
+    weather results as context editing leaves them (their inputs too with `inputs`)."""
+    messages: list[dict] = [{"role": "user", "content": "Weather and time, please."}]
+    weather = 0
+    for i, (name, city) in enumerate(USES):
+        gone = name == "get_weather" and weather < cleared
+        weather += name == "get_weather"
+        call = {"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": {"city": city}}
+        if gone and inputs:
+            call["input"] = {}
+        result = f"{city}: {name.removeprefix('get_')} report number {i}, " + "details " * 20
+        content = CLEARED if gone else result
+        messages.append({"role": "assistant", "content": [call]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": content}],
+            }
+        )
+    messages.append({"role": "user", "content": "Which city is warmest?"})
+    return messages
+
+
+def edited(sdk: anthropic.Anthropic, request: dict, streamed: bool):
+    """The beta message (context_management parsed), whole or as the stream assembles it."""
+    request = {"betas": CONTEXT_BETA, **request}
+    if not streamed:
+        return sdk.beta.messages.create(**request)
+    with sdk.beta.messages.stream(**request) as events:
+        return events.get_final_message()
+
+
+def prompt_tokens(sdk: anthropic.Anthropic, messages: list[dict], **extra) -> int:
+    return sdk.messages.count_tokens(model="default", messages=messages, **extra).input_tokens
+
+
+def applied(message) -> list[dict]:
+    return message.context_management.model_dump()["applied_edits"]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("inputs", [True, ["get_time"]], ids=["all-inputs", "named-inputs"])
+def test_context_editing_clears_old_tool_results(server, streamed, inputs):
+    """Past the trigger, every tool use but the last `keep`, less the excluded tools', has
+    its result replaced, and its input emptied where clear_tool_inputs says so (all, or
+    none here: the tool it names is excluded): the prompt is the conversation cleared by
+    hand, and applied_edits says by how many uses and tokens."""
+    sdk = client(server)
+    edit = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "tool_uses", "value": 3},
+        "keep": {"type": "tool_uses", "value": 1},
+        "exclude_tools": ["get_time"],
+        "clear_tool_inputs": inputs,
+    }
+    request = {"model": "default", "max_tokens": 8, "tools": [WEATHER, TIME]}
+    by_hand = tool_history(cleared=2, inputs=inputs is True)
+    message = edited(
+        sdk,
+        {**request, "messages": tool_history(), "context_management": {"edits": [edit]}},
+        streamed,
+    )
+    tokens = prompt_tokens(sdk, by_hand, tools=request["tools"])
+    freed = prompt_tokens(sdk, tool_history(), tools=request["tools"]) - tokens
+    assert freed > 0
+    assert applied(message) == [
+        {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2, "cleared_input_tokens": freed}
+    ]
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == tokens
+    plain = sdk.beta.messages.create(**request, messages=by_hand)
+    assert blocks(message) == blocks(plain)
+    assert plain.context_management is None  # no context_management asked, none answered
+
+
+def test_context_edits_short_of_their_trigger_clear_nothing(server):
+    """A trigger not passed, an edit that would free less than clear_at_least, and
+    Claude Code's own edit (every thinking turn kept): the prompt as sent, and an empty
+    applied_edits, as Anthropic answers a request with context_management."""
+    sdk = client(server)
+    tools = [WEATHER, TIME]
+    whole = prompt_tokens(sdk, tool_history(), tools=tools)
+    edits = [
+        {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": whole}},
+        {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 4}},
+        {
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": 1},
+            "keep": {"type": "tool_uses", "value": 0},
+            "clear_at_least": {"type": "input_tokens", "value": whole},
+        },
+        {"type": "clear_thinking_20251015", "keep": "all"},
+    ]
+    for edit in edits:
+        request = {"model": "default", "max_tokens": 4, "messages": tool_history(), "tools": tools}
+        message = edited(sdk, {**request, "context_management": {"edits": [edit]}}, False)
+        assert applied(message) == [], edit
+        assert message.usage.input_tokens + message.usage.cache_read_input_tokens == whole
+
+
+def test_context_editing_clears_thinking_of_older_turns(server):
+    """keep: 1 thinking turn: this server's signed thinking leaves the first assistant
+    turn, whole and streamed alike (the streamed report on message_delta only)."""
+    sdk = client(server)
+    conv = BY_NAME["think"]
+    first = sdk.messages.create(**body(conv)).content[0]
+    signed = {"type": "thinking", "thinking": first.thinking, "signature": first.signature}
+
+    def history(thinking_first: bool) -> list[dict]:
+        turn = [signed] if thinking_first else []
+        return [
+            *conv.messages,
+            {"role": "assistant", "content": [*turn, {"type": "text", "text": "The answer is 4."}]},
+            {"role": "user", "content": "Count to five."},
+            {"role": "assistant", "content": [signed, {"type": "text", "text": "One, two."}]},
+            {"role": "user", "content": "What is the capital of France?"},
+        ]
+
+    edit = {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}
+    request = {
+        "model": "default",
+        "max_tokens": 8,
+        "messages": history(True),
+        "thinking": {"type": "enabled", "budget_tokens": 100},
+        "context_management": {"edits": [edit]},
+    }
+    freed = prompt_tokens(sdk, history(True)) - prompt_tokens(sdk, history(False))
+    assert freed > 0  # the signed thinking was in the prompt
+    whole = edited(sdk, request, False)
+    streamed = edited(sdk, request, True)
+    expected = [
+        {
+            "type": "clear_thinking_20251015",
+            "cleared_thinking_turns": 1,
+            "cleared_input_tokens": freed,
+        }
+    ]
+    assert applied(whole) == applied(streamed) == expected
+    assert blocks(whole) == blocks(streamed)
+    events = named_events(stream(server.url, MESSAGES, request))
+    assert "context_management" not in events[0][1]["message"]
+    assert events[-2][0] == "message_delta"
+    assert events[-2][1]["context_management"] == {"applied_edits": expected}
+
+
+def test_count_tokens_counts_the_edited_prompt(server):
+    """count_tokens applies the edits too: input_tokens is the edited prompt's, and
+    original_input_tokens the prompt as sent."""
+    sdk = client(server)
+    whole = prompt_tokens(sdk, tool_history())
+    # past the trigger by one token, the default keep (3 tool uses): Paris's result goes
+    edit = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": whole - 1},
+    }
+    counted = sdk.beta.messages.count_tokens(
+        model="default",
+        messages=tool_history(),
+        context_management={"edits": [edit]},
+        betas=CONTEXT_BETA,
+    )
+    assert counted.input_tokens == prompt_tokens(sdk, tool_history(cleared=1))
+    assert counted.context_management.original_input_tokens == whole
+    status, _, reply = server.post(COUNT, {"model": "default", "messages": tool_history()})
+    assert status == 200 and set(reply) == {"input_tokens"}
+    unserved = {"edits": [{"type": "compact_20260112"}]}
+    request = {"model": "default", "messages": tool_history(), "context_management": unserved}
+    status, _, reply = server.post(COUNT, request)
+    assert status == 400 and "'compact_20260112'" in reply["error"]["message"]
+
+
 # Stops, limits, counting -----------------------------------------------------------------
 
 
@@ -492,6 +677,41 @@ ERRORS = [
         },
         "images",
     ),
+]
+
+
+# Fields that would change the reply and that this server does not serve: named in a 400.
+HI = {"model": "default", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
+CLEAR_TOOLS = {"type": "clear_tool_uses_20250919"}
+CLEAR_THINKING = {"type": "clear_thinking_20251015"}
+
+
+def editing(*edits: dict, **more) -> dict:
+    return {**HI, "context_management": {"edits": list(edits), **more}}
+
+
+ERRORS += [
+    ({**HI, "container": "container_011CZ"}, "container"),
+    ({**HI, "container": {"id": None, "skills": []}}, "container"),
+    (editing({"type": "compact_20260112"}), "'compact_20260112'"),
+    (editing({"keep": "all"}), "context_management.edits"),
+    (
+        editing({**CLEAR_TOOLS, "trigger": {"type": "input_tokens"}}),
+        "context_management.edits[0].trigger",
+    ),
+    (
+        editing(CLEAR_THINKING, {**CLEAR_TOOLS, "keep": {"type": "thinking_turns", "value": 1}}),
+        "context_management.edits[1].keep",
+    ),
+    (
+        editing({**CLEAR_THINKING, "keep": {"type": "thinking_turns", "value": 0}}),
+        "context_management.edits[0].keep",
+    ),
+    (
+        editing({**CLEAR_TOOLS, "exclude_tool": ["Bash"]}),
+        "context_management.edits[0].exclude_tool",
+    ),
+    (editing(pause_after_compaction=True), "context_management.pause_after_compaction"),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxserve.api.anthropic import context
 from mlxserve.api.anthropic.requests import CountTokensRequest, MessagesRequest, chat_request
 from mlxserve.api.anthropic.responses import MessageFormat, MessageStream
 from mlxserve.api.responder import Responder
@@ -22,9 +23,13 @@ class AnthropicEndpoints:
 
     def messages(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(MessagesRequest, raw)
-        prepared = self.service.prepare_chat(chat_request(wire), REASONING_FORMAT)
+        edited = context.edit(wire.context_management, wire.messages, self._tokens(wire))
+        request = chat_request(wire.model_copy(update={"messages": edited.messages}))
+        prepared = self.service.prepare_chat(request, REASONING_FORMAT)
         run = self.service.run(prepared, responder.client_gone)
-        fmt = MessageFormat(wire.model)
+        # with context_management, the reply says what it cleared (maybe nothing)
+        applied = None if wire.context_management is None else {"applied_edits": edited.applied}
+        fmt = MessageFormat(wire.model, applied)
         if not wire.stream:
             return fmt.message(run.collect()[0], run.usage)
         sse = SSEWriter(responder)
@@ -39,5 +44,21 @@ class AnthropicEndpoints:
         return None
 
     def count_tokens(self, raw: bytes, responder: Responder) -> dict:
-        request = chat_request(parse(CountTokensRequest, raw))
-        return {"input_tokens": self.service.prompt_tokens(request)}
+        """The prompt's tokens once the request's context edits are applied; with
+        `context_management`, the count before them as `original_input_tokens`."""
+        wire = parse(CountTokensRequest, raw)
+        tokens = self._tokens(wire)
+        edited = context.edit(wire.context_management, wire.messages, tokens)
+        reply: dict = {"input_tokens": tokens(edited.messages)}
+        if wire.context_management is not None:
+            reply["context_management"] = {"original_input_tokens": tokens(wire.messages)}
+        return reply
+
+    def _tokens(self, wire: CountTokensRequest) -> context.PromptTokens:
+        """The prompt tokens of `wire` with other messages, counted by the service as
+        count_tokens counts them."""
+        return context.PromptTokens(
+            lambda messages: self.service.prompt_tokens(
+                chat_request(wire.model_copy(update={"messages": messages}))
+            )
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from mlxserve.api.anthropic.thinking import verify
 from mlxserve.api.quirks import leave_out_hosted_tools, without_billing_header
@@ -129,6 +129,112 @@ class OutputConfig(Strict):
     format: OutputFormat | None = None
 
 
+# Context editing (context.py applies it) -------------------------------------------------
+
+
+class Closed(Strict):
+    """A context edit's settings: a field it does not know is a 400, not a setting dropped."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Count(Closed):
+    """A number of something: `input_tokens`, `tool_uses`, `thinking_turns`; or `all`."""
+
+    type: Literal["input_tokens", "tool_uses", "thinking_turns", "all"]
+    value: Annotated[int, Field(ge=0)] | None = None
+
+    def counts(self, *kinds: str) -> Count:
+        if self.type not in kinds:
+            raise ValueError(f"type must be {' or '.join(repr(kind) for kind in kinds)}")
+        if self.type != "all" and self.value is None:
+            raise ValueError(f"a count of {self.type} needs a value")
+        return self
+
+
+class ClearToolUses(Closed):
+    """Old tool results (and, if asked, the calls' inputs) replaced by a placeholder once
+    the prompt passes `trigger`, all but the last `keep` tool uses."""
+
+    type: Literal["clear_tool_uses_20250919"]
+    trigger: Count = Count(type="input_tokens", value=100_000)
+    keep: Count = Count(type="tool_uses", value=3)
+    clear_at_least: Count | None = None
+    exclude_tools: list[str] | None = None
+    clear_tool_inputs: bool | list[str] | None = None
+
+    @field_validator("trigger")
+    @classmethod
+    def _trigger(cls, value: Count) -> Count:
+        return value.counts("input_tokens", "tool_uses")
+
+    @field_validator("keep")
+    @classmethod
+    def _keep(cls, value: Count) -> Count:
+        return value.counts("tool_uses")
+
+    @field_validator("clear_at_least")
+    @classmethod
+    def _at_least(cls, value: Count | None) -> Count | None:
+        return value and value.counts("input_tokens")
+
+
+class ClearThinking(Closed):
+    """Thinking blocks left out of all but the last `keep` assistant turns that have them."""
+
+    type: Literal["clear_thinking_20251015"]
+    keep: Count = Count(type="thinking_turns", value=1)
+
+    @field_validator("keep", mode="before")
+    @classmethod
+    def _all(cls, value):
+        return {"type": "all"} if value == "all" else value
+
+    @field_validator("keep")
+    @classmethod
+    def _keep(cls, value: Count) -> Count:
+        if value.type == "thinking_turns" and value.value == 0:
+            raise ValueError(
+                "the thinking of at least the last turn is kept: value must be 1 or more"
+            )
+        return value.counts("thinking_turns", "all")
+
+
+# An edit's type -> its model's tag (a class name: error locations leave it out)
+EDITS = {"clear_tool_uses_20250919": "ClearToolUses", "clear_thinking_20251015": "ClearThinking"}
+
+
+def _edit_tag(edit) -> str | None:
+    """The tag of an edit: a body's object, or a model (as it is written out)."""
+    kind = edit.get("type") if isinstance(edit, dict) else getattr(edit, "type", None)
+    return EDITS.get(kind) if isinstance(kind, str) else None
+
+
+Edit = Annotated[
+    Annotated[ClearToolUses, Tag("ClearToolUses")] | Annotated[ClearThinking, Tag("ClearThinking")],
+    Discriminator(_edit_tag),
+]
+
+
+class ContextManagement(Closed):
+    edits: list[Edit] = Field(default_factory=list)
+
+    @field_validator("edits", mode="before")
+    @classmethod
+    def _served(cls, edits):
+        """An edit of a type this server does not apply (server-side compaction's, a
+        future one) is a 400 naming it, not an edit skipped."""
+        served = " and ".join(EDITS)
+        for i, edit in enumerate(edits if isinstance(edits, list) else []):
+            if not isinstance(edit, dict) or "type" not in edit:
+                raise ValueError(f"edits[{i}] is not an object with a type")
+            if edit["type"] not in EDITS:
+                raise ValueError(
+                    f"edits[{i}] has type {edit['type']!r}; this server applies {served}"
+                )
+        return edits
+
+
 class CountTokensRequest(Strict):
     """What /v1/messages/count_tokens takes: the prompt-defining fields of a request."""
 
@@ -139,6 +245,7 @@ class CountTokensRequest(Strict):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
 
     @field_validator("thinking")
     @classmethod
@@ -157,6 +264,18 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     metadata: dict | None = None  # accepted, unused
     service_tier: str | None = None  # accepted, unused
+    container: str | dict | None = Field(
+        None, description="Code execution's container: not served, anything but null is a 400."
+    )
+
+    @field_validator("container")
+    @classmethod
+    def _container(cls, value):
+        if value is not None:
+            raise ValueError(
+                "code execution containers are not served here: this server runs no code"
+            )
+        return value
 
 
 # Translation into the neutral request ---------------------------------------------------

@@ -66,6 +66,9 @@ def content_block(block: Block) -> dict:
 @dataclass
 class MessageFormat:
     model: str
+    # what the request's context edits cleared ({"applied_edits": [...]}), None without
+    # context_management: the whole message's field, and the final message_delta's
+    context: dict | None = None
     id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
 
     def message(self, choice: Choice, usage: Usage) -> dict:
@@ -74,7 +77,11 @@ class MessageFormat:
             "stop_reason": stop_reason(choice),
             "stop_sequence": choice.stop_sequence,
             "usage": usage_dict(usage),
+            **self.context_management(),
         }
+
+    def context_management(self) -> dict:
+        return {} if self.context is None else {"context_management": self.context}
 
     def start(self, prompt_tokens: int) -> dict:
         """The message_start payload. The prompt cache hit is not known yet: the usage
@@ -154,6 +161,7 @@ class MessageStream:
     def _finish(self, choice: Choice, usage: Usage) -> None:
         delta = {"stop_reason": stop_reason(choice), "stop_sequence": choice.stop_sequence}
         payload = {"type": "message_delta", "delta": delta, "usage": usage_dict(usage)}
+        payload.update(self._fmt.context_management())
         self._send("message_delta", payload)
         self._send("message_stop", {"type": "message_stop"})
 
