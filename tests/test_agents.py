@@ -5,8 +5,8 @@ suite does; the CLIs are installed from npm into the cache folder once per versi
 Claude Code as docs/agents.md sets it up (its own model names, its own max_tokens, its billing
 line) and Codex with its default tools complete turns on contexts smaller than the output
 they ask for; a second Claude Code session continues from the first one's prompt cache;
-and sessions longer than the context compact and go on, each agent started by
-`mlxserve launch`."""
+sessions longer than the context compact and go on, each agent started by `mlxserve
+launch`; and Codex makes a tool round trip over its WebSocket."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from conversations import AGENT_REPLY
+from conversations import AGENT_REPLY, instruction
 from helpers.agents import VENV_BIN, answered, npm_install, run
 
 from mlxserve.models.demo import cache_root
@@ -119,16 +119,19 @@ wire_api = "responses"
 """
 
 
-def codex_messages(done: subprocess.CompletedProcess) -> list[str]:
+def codex_items(done: subprocess.CompletedProcess, kind: str = "agent_message") -> list[dict]:
+    """The items of that type `codex exec --json` completed, in a turn that completed."""
     assert done.returncode == 0, done.stdout + done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert events[-1]["type"] == "turn.completed", events[-1]
     assert not [e for e in events if e["type"] in ("error", "turn.failed")]
     return [
-        e["item"]["text"]
-        for e in events
-        if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"
+        e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == kind
     ]
+
+
+def codex_messages(done: subprocess.CompletedProcess) -> list[str]:
+    return [item["text"] for item in codex_items(done)]
 
 
 def test_codex_with_its_default_tools(launch, agent_model, agents_path, tmp_path):
@@ -174,3 +177,21 @@ def test_codex_over_a_websocket(launch, agent_model, agents_path, tmp_path):
     assert srv.log_lines("WebSocket opened on /v1/responses")
     assert len(answered(srv, "/v1/responses", method="WS")) >= 2  # its warm-up, its turn
     assert not [line for line in srv.log if '"POST /v1/responses' in line]
+
+
+def test_codex_runs_a_command_over_the_socket(launch, tool_agent_model, agents_path, tmp_path):
+    """A tool round trip through `mlxserve launch codex`: the model calls Codex's
+    exec_command, Codex runs it in its workspace sandbox and sends the output back on the
+    socket, and the model answers; the command's file is there."""
+    srv = launch(tool_agent_model)
+    launcher = [sys.executable, "-m", "mlxserve", "launch", "codex", "--url", srv.url, "--"]
+    command = [*launcher, "exec", "--skip-git-repo-check", "--json"]
+    command += ["--sandbox", "workspace-write", instruction("exec_command")]
+    done = run(command, tmp_path, agents_path)
+    assert codex_messages(done) == [AGENT_REPLY]
+    ran = codex_items(done, "command_execution")
+    assert [(item["command"], item["exit_code"]) for item in ran] == [
+        ("/bin/bash -lc 'touch launched.txt'", 0)
+    ]
+    assert (tmp_path / "work" / "launched.txt").exists()
+    assert len(answered(srv, "/v1/responses", method="WS")) == 3  # warm-up, call, answer

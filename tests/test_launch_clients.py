@@ -1,6 +1,8 @@
 """OpenCode, Qwen Code, aider and Continue's cn as they ship, each started by `mlxserve
 launch CLIENT --url ... -- ARGS`: each completes a turn in its non-interactive mode against
-a server that wants an API key, every request it made answered 200, with its settings for
+a server that wants an API key (OpenCode, Qwen Code and cn a tool round trip: the model
+asks for their shell tool, the client runs the command and sends its result back, the
+model answers), every request it made answered 200, with its settings for
 this server in a temporary folder that is gone when it exits, and the user's own
 configuration files (each naming another model or provider) neither written nor winning.
 `mlxserve launch --list` tells installed clients from the others, and each client is given
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conversations import AGENT_REPLY
+from conversations import AGENT_REPLY, instruction
 from helpers.agents import VENV_BIN, answered, npm_install, pip_install, python_between, run
 from helpers.server import CHAT
 
@@ -29,8 +31,10 @@ CN = "@continuedev/cli@1.5.47"
 AIDER = "aider-chat==0.86.2"  # Python 3.10 to 3.12
 API_KEY = "sk-launch"
 QUESTION = "What is two plus two?"
+MADE = "launched.txt"  # the file the shell command of the tool round trip makes
 
-# Each client's one non-interactive turn (its arguments after `--`), and the user's own
+# Each client's one non-interactive turn (its arguments after `--`; those with a shell tool
+# are asked to run the command with it, and allowed to), and the user's own
 # configuration in its home, naming another model or provider: the launcher's settings must
 # win for the session, and these files stay as they were, byte for byte. Each is in the form
 # the client itself writes: OpenCode 1.18 adds a "$schema" to a config file that has none,
@@ -39,7 +43,7 @@ QUESTION = "What is two plus two?"
 # the user's other settings still apply.
 CLIENTS = {
     "opencode": (
-        ["run", QUESTION],
+        ["run", instruction("bash")],
         {
             ".config/opencode/opencode.json": json.dumps(
                 {
@@ -50,7 +54,7 @@ CLIENTS = {
         },
     ),
     "qwen": (
-        [QUESTION],  # one turn (-p is deprecated)
+        ["--yolo", instruction("run_shell_command")],  # one turn (-p is deprecated)
         {
             ".qwen/settings.json": json.dumps(
                 {
@@ -68,7 +72,7 @@ CLIENTS = {
         {".aider.conf.yml": "model: gpt-4o\n"},
     ),
     "cn": (
-        ["-p", QUESTION],
+        ["-p", instruction("Bash")],
         {".continue/config.yaml": "name: mine\nversion: 1.0.0\nschema: v1\nmodels: []\n"},
     ),
 }
@@ -84,9 +88,9 @@ def clients_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def served(launch_module, agent_model):
+def served(launch_module, tool_agent_model):
     """One server for every client: Qwen Code's prompt is 25,000 tokens."""
-    return launch_module(agent_model, "--max-context", "32768", "--api-key", API_KEY)
+    return launch_module(tool_agent_model, "--max-context", "32768", "--api-key", API_KEY)
 
 
 @pytest.mark.parametrize("client", list(CLIENTS))
@@ -103,7 +107,10 @@ def test_a_turn_through_the_launcher(client, served, clients_path, tmp_path):
     done = run(command, tmp_path, clients_path, TMPDIR=str(temp))
     assert done.returncode == 0, done.stdout + done.stderr
     assert AGENT_REPLY in done.stdout, done.stdout + done.stderr
-    answered(served, CHAT, since)
+    turns = answered(served, CHAT, since)
+    if client != "aider":  # the model's call ran, and the model was asked again after it
+        assert (tmp_path / "work" / MADE).exists(), done.stdout + done.stderr
+        assert len(turns) >= 2, turns
     assert {name: (tmp_path / name).read_text() for name in user_files} == user_files
     assert not list(temp.glob("mlxserve-launch-*"))  # its settings went with it
 
