@@ -276,6 +276,70 @@ def test_disable_parallel_tool_use_keeps_one_call(server):
     ]
 
 
+def test_deferred_tools_are_rendered_as_any_other(server):
+    """defer_loading (tool search's deferral, which Claude Code sets on a tool): the tool is
+    in the prompt like any other, and called like any other."""
+    sdk = client(server)
+    deferred = {**WEATHER, "defer_loading": True}
+    messages = BY_NAME["tool_call"].messages
+    plain = prompt_tokens(sdk, messages, tools=[WEATHER])
+    assert prompt_tokens(sdk, messages, tools=[deferred]) == plain
+    message = sdk.messages.create(**body(BY_NAME["tool_call"], tools=[deferred]))
+    assert blocks(message) == expected_blocks(BY_NAME["tool_call"])
+
+
+def test_a_tool_reference_in_a_tool_result_is_the_tools_name(server):
+    """What a tool search found (Claude Code's ToolSearch answers with tool_reference blocks)
+    stands in its result as the tool's name: the tool itself is in the prompt already."""
+    sdk = client(server)
+    search = {
+        "name": "ToolSearch",
+        "description": "Finds deferred tools.",
+        "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}},
+    }
+    tools = [search, {**WEATHER, "defer_loading": True}]
+
+    def history(result) -> list[dict]:
+        call = {"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {}}
+        call["input"] = {"query": "select:get_weather"}
+        found = {"type": "tool_result", "tool_use_id": "toolu_1", "content": result}
+        return [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [found, {"type": "text", "text": "Tool loaded."}]},
+        ]
+
+    reference = [{"type": "tool_reference", "tool_name": "get_weather"}]
+    assert prompt_tokens(sdk, history(reference), tools=tools) == prompt_tokens(
+        sdk, history("get_weather"), tools=tools
+    )
+    request = {"model": "default", "max_tokens": 8, "tools": tools}
+    referenced = sdk.messages.create(**request, messages=history(reference))
+    assert blocks(referenced) == blocks(
+        sdk.messages.create(**request, messages=history("get_weather"))
+    )
+
+
+def test_input_examples_follow_the_tools_description(server):
+    """A tool's input_examples reach the model after its description, a JSON object a line;
+    a tool that lets the model call it (allowed_callers with 'direct') is any tool."""
+    sdk = client(server)
+    messages = BY_NAME["tool_call"].messages
+    examples = [{"city": "Paris"}, {"city": "Lima"}]
+    written = {
+        **WEATHER,
+        "description": WEATHER["description"]
+        + '\n\nExamples of input:\n{"city": "Paris"}\n{"city": "Lima"}',
+    }
+    with_examples = prompt_tokens(sdk, messages, tools=[{**WEATHER, "input_examples": examples}])
+    assert with_examples == prompt_tokens(sdk, messages, tools=[written])
+    assert with_examples > prompt_tokens(sdk, messages, tools=[WEATHER])
+    callers = {**WEATHER, "allowed_callers": ["direct", "code_execution_20250825"]}
+    assert prompt_tokens(sdk, messages, tools=[callers]) == prompt_tokens(
+        sdk, messages, tools=[WEATHER]
+    )
+
+
 # Thinking -----------------------------------------------------------------------------
 
 
@@ -333,6 +397,74 @@ def test_thinking_switch_reaches_the_template(server):
         model="default", messages=messages, thinking={"type": "disabled"}
     ).input_tokens
     assert default == enabled and disabled > default  # the template writes an empty block
+
+
+OMITTED = {"type": "enabled", "budget_tokens": 100, "display": "omitted"}
+
+
+def test_thinking_display_omitted_whole_and_streamed(server):
+    """display "omitted": the thinking block's text is empty and its signature holds the
+    reasoning, sealed; a stream has no thinking_delta, only the signature_delta.
+    "summarized" is the reasoning as written, as without display."""
+    conv = BY_NAME["think"]
+    sdk = client(server)
+    whole = sdk.messages.create(**body(conv, thinking=OMITTED))
+    thinking, text = whole.content
+    assert thinking.type == "thinking" and thinking.thinking == ""
+    assert thinking.signature.startswith("mlxserve-th1.")
+    assert text.type == "text" and text.text == conv.content
+    assert whole.usage.output_tokens == sdk.messages.create(**body(conv)).usage.output_tokens
+    with sdk.messages.stream(**body(conv, thinking=OMITTED)) as events:
+        assert blocks(events.get_final_message()) == blocks(whole)
+    events = named_events(stream(server.url, MESSAGES, body(conv, thinking=OMITTED)))
+    opened = [(p["index"], p["content_block"]) for n, p in events if n == "content_block_start"]
+    assert opened == [
+        (0, {"type": "thinking", "thinking": "", "signature": ""}),
+        (1, {"type": "text", "text": ""}),
+    ]
+    deltas = [(p["index"], p["delta"]) for n, p in events if n == "content_block_delta"]
+    assert [d for i, d in deltas if i == 0] == [
+        {"type": "signature_delta", "signature": thinking.signature}
+    ]
+    assert "".join(d["text"] for i, d in deltas if i == 1) == conv.content
+    summarized = {**OMITTED, "display": "summarized"}
+    shown = sdk.messages.create(**body(conv, thinking=summarized))
+    assert without_signatures(blocks(shown)) == expected_blocks(conv)
+
+
+def test_omitted_thinking_sent_back_is_the_reasoning_its_signature_holds(server):
+    """Sent back with its empty text, an omitted block is its reasoning in the prompt, as
+    the same block shown and signed is; a signature edited or not this server's is not."""
+    conv = BY_NAME["think"]
+    sdk = client(server)
+    omitted = sdk.messages.create(**body(conv, thinking=OMITTED)).content[0].model_dump()
+    shown = sdk.messages.create(**body(conv)).content[0].model_dump()
+
+    def count(block: dict) -> int:
+        history = [
+            *conv.messages,
+            {"role": "assistant", "content": [block, {"type": "text", "text": "The answer is 4."}]},
+            {"role": "user", "content": "Count to five."},
+        ]
+        return prompt_tokens(sdk, history)
+
+    prefix, _, tag = omitted["signature"].rpartition(".")
+    edited_tag = {**omitted, "signature": f"{prefix}.{tag[::-1]}"}
+    without = count({"type": "redacted_thinking", "data": "opaque"})
+    assert count(omitted) == count(shown) > without
+    assert count(edited_tag) == count({**omitted, "signature": "EqQBCgIYAh"}) == without
+
+
+def test_omitted_thinking_keeps_the_stream_alive(launch, tiny_model):
+    """While omitted thinking is written nothing else goes out: pings do, once the stream
+    has been silent for --keepalive-seconds, between the block's start and its signature."""
+    srv = launch(tiny_model, "--keepalive-seconds", "0.001")
+    events = named_events(stream(srv.url, MESSAGES, body(BY_NAME["think"], thinking=OMITTED)))
+    names = [name for name, _ in events]
+    start = names.index("content_block_start")
+    signed = next(i for i, (n, p) in enumerate(events) if p.get("delta", {}).get("signature"))
+    assert "ping" in names[start:signed]
+    assert names[-1] == "message_stop" and "ping" not in names[names.index("message_delta") :]
 
 
 def test_harmony_reasoning_and_tool_call(harmony):
@@ -528,6 +660,50 @@ def test_count_tokens_counts_the_edited_prompt(server):
     assert status == 400 and "'compact_20260112'" in reply["error"]["message"]
 
 
+# Structured outputs, fallbacks, compaction -----------------------------------------------
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+FORMAT = {"type": "json_schema", "schema": CITY}
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_output_format_is_output_config_format(server, streamed):
+    """The structured-outputs beta's top-level output_format is output_config.format under
+    its older name: the same JSON answer, and both at once with one format too."""
+    sdk = client(server)
+    conv = BY_NAME["capital"]
+    asked = ask(sdk, body(conv, output_config={"format": FORMAT}), streamed)
+    (text,) = asked.content
+    assert json.loads(text.text).keys() == {"city"} and text.text != conv.reply
+    for extra in ({"output_format": FORMAT}, {"output_format": FORMAT, "output_config": {}}):
+        assert ask(sdk, {**body(conv), "extra_body": extra}, streamed).content == asked.content
+    both = {"output_format": FORMAT, "output_config": {"format": FORMAT}}
+    assert ask(sdk, {**body(conv), "extra_body": both}, streamed).content == asked.content
+
+
+def test_default_fallbacks_run_on_the_model_alone(server):
+    """fallbacks "default" (or none listed): the request runs on its model, as Anthropic
+    runs it on a model without fallbacks; a list of models is a 400 (the table below)."""
+    conv = BY_NAME["capital"]
+    for fallbacks in ("default", []):
+        status, _, reply = server.post(MESSAGES, body(conv, fallbacks=fallbacks))
+        assert status == 200 and reply["content"] == [{"type": "text", "text": conv.reply}]
+
+
+def test_count_tokens_takes_compaction_and_counts_the_messages(server):
+    """Anthropic's count_tokens accepts `compaction` and counts the messages as sent; a
+    Messages request with it is a 400 (the table below)."""
+    conv = BY_NAME["capital"]
+    plain = {"model": "default", "messages": conv.messages}
+    status, _, reply = server.post(COUNT, {**plain, "compaction": {"type": "summarize"}})
+    assert status == 200 and reply == server.post(COUNT, plain)[2]
+
+
 # Stops, limits, counting -----------------------------------------------------------------
 
 
@@ -712,6 +888,27 @@ ERRORS += [
         "context_management.edits[0].exclude_tool",
     ),
     (editing(pause_after_compaction=True), "context_management.pause_after_compaction"),
+    ({**HI, "compaction": {"type": "summarize"}}, "compaction"),
+    ({**HI, "fallbacks": [{"model": "claude-opus-4-8"}]}, "fallbacks"),
+    ({**HI, "fallback_credit_token": "fct_011CZ"}, "fallback_credit_token"),
+    ({**HI, "fallback_credit_token": {"token": "fct_011CZ"}}, "fallback_credit_token"),
+    (
+        {**HI, "output_config": {"task_budget": {"type": "tokens", "total": 64000}}},
+        "output_config.task_budget",
+    ),
+    ({**HI, "thinking": {"type": "adaptive", "display": "updates"}}, "thinking.display"),
+    (
+        {
+            **HI,
+            "output_format": FORMAT,
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "string"}}},
+        },
+        "output_format",
+    ),
+    (
+        {**HI, "tools": [{**WEATHER, "allowed_callers": ["code_execution_20250825"]}]},
+        "tools[0].allowed_callers",
+    ),
 ]
 
 

@@ -29,7 +29,8 @@ class AnthropicEndpoints:
         run = self.service.run(prepared, responder.client_gone)
         # with context_management, the reply says what it cleared (maybe nothing)
         applied = None if wire.context_management is None else {"applied_edits": edited.applied}
-        fmt = MessageFormat(wire.model, applied)
+        omitted = wire.thinking is not None and wire.thinking.omitted
+        fmt = MessageFormat(wire.model, applied, omit_thinking=omitted)
         if not wire.stream:
             return fmt.message(run.collect()[0], run.usage)
         sse = SSEWriter(responder)
@@ -38,6 +39,8 @@ class AnthropicEndpoints:
         try:
             for step in run.steps(keepalive):
                 stream.step(step, run.usage)
+                if not step.finished:  # omitted thinking writes nothing while it is written
+                    keepalive()
         except Exception as e:
             stream.error(stream_failure(sse, e))
         sse.close()

@@ -3,12 +3,21 @@ the neutral chat request."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from mlxserve.api.anthropic.thinking import verify
+from mlxserve.api.anthropic import thinking as signatures
 from mlxserve.api.quirks import leave_out_hosted_tools, without_billing_header
 from mlxserve.api.wire import Strict
 from mlxserve.protocol import request as neutral
@@ -54,10 +63,21 @@ class ToolUseBlock(Strict):
     input: dict
 
 
+class ToolReferenceBlock(Strict):
+    """A tool search's result: the tool it found (a deferred one) is loaded. Every tool is
+    in the prompt from the start here (see Tool.defer_loading), so it stands as its name."""
+
+    type: Literal["tool_reference"]
+    tool_name: str
+
+
+ResultPart = Annotated[TextBlock | ImageBlock | ToolReferenceBlock, Field(discriminator="type")]
+
+
 class ToolResultBlock(Strict):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
+    content: str | list[ResultPart] = ""
     is_error: bool = False
 
 
@@ -94,6 +114,15 @@ class Tool(Strict):
     description: str | None = None
     input_schema: dict | None = None
     strict: bool | None = None
+    # Tool search's deferral: the tool is in the prompt from the start like any other (a
+    # chat template lists its tools once, before the conversation), so the model can
+    # call it before a search finds it; what a search finds stands as its name.
+    defer_loading: bool | None = None
+    # Examples of the tool's input, shown to the model in its description.
+    input_examples: list[dict] | None = None
+    allowed_callers: list[str] | None = Field(
+        None, description="Who may call the tool: 'direct' (the model) must be among them."
+    )
 
     @property
     def custom(self) -> bool:
@@ -105,6 +134,26 @@ class Tool(Strict):
             raise ValueError("a custom tool needs an input_schema")
         return self
 
+    @field_validator("allowed_callers")
+    @classmethod
+    def _callers(cls, value: list[str] | None) -> list[str] | None:
+        """A tool only code execution may call (programmatic tool calling) could never be
+        called here: this server runs no code."""
+        if value is not None and "direct" not in value:
+            raise ValueError(
+                "only code execution may call this tool, and this server runs no code: "
+                "'direct' must be among its callers"
+            )
+        return value
+
+    def described(self) -> str | None:
+        """The description the model reads: with the input examples after it."""
+        if not self.input_examples:
+            return self.description
+        examples = "\n".join(json.dumps(example) for example in self.input_examples)
+        head = f"{self.description}\n\n" if self.description else ""
+        return f"{head}Examples of input:\n{examples}"
+
 
 class ToolChoice(Strict):
     type: Literal["auto", "any", "tool", "none"]
@@ -115,6 +164,13 @@ class ToolChoice(Strict):
 class Thinking(Strict):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
+    # "omitted": thinking blocks come with an empty text and a signature holding it
+    # (thinking.py); "summarized" (the default): with the text, here the whole reasoning
+    display: Literal["summarized", "omitted"] | None = None
+
+    @property
+    def omitted(self) -> bool:
+        return self.display == "omitted"
 
 
 class OutputFormat(Strict):
@@ -127,6 +183,21 @@ class OutputFormat(Strict):
 class OutputConfig(Strict):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormat | None = None
+    task_budget: dict | None = Field(
+        default=None, description="Task budgets: not served, anything but null is a 400."
+    )
+
+    @field_validator("task_budget")
+    @classmethod
+    def _task_budget(cls, value):
+        """A countdown of the task's tokens that Claude models are trained to pace their
+        work by: not one this server's models read."""
+        if value is not None:
+            raise ValueError(
+                "task budgets are not served here: this server's models are not trained to "
+                "pace a task by its budget's countdown"
+            )
+        return value
 
 
 # Context editing (context.py applies it) -------------------------------------------------
@@ -245,6 +316,8 @@ class CountTokensRequest(Strict):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    # the structured-outputs beta's name for output_config.format
+    output_format: OutputFormat | None = None
     context_management: ContextManagement | None = None
 
     @field_validator("thinking")
@@ -253,6 +326,24 @@ class CountTokensRequest(Strict):
         if value is not None and value.type == "enabled" and value.budget_tokens is None:
             raise ValueError("budget_tokens is required when thinking is enabled")
         return value
+
+    @field_validator("output_format")
+    @classmethod
+    def _one_format(cls, value: OutputFormat | None, info: ValidationInfo):
+        config = info.data.get("output_config")
+        given = config.format if config is not None else None
+        if value is not None and given is not None and given != value:
+            raise ValueError(
+                "output_format and output_config.format are two names of one setting: "
+                "send one of them, or the same format in both"
+            )
+        return value
+
+    def output_form(self) -> tuple[OutputFormat | None, str]:
+        """The format asked for and the field that asked for it."""
+        if self.output_config is not None and self.output_config.format is not None:
+            return self.output_config.format, "output_config.format"
+        return self.output_format, "output_format"
 
 
 class MessagesRequest(CountTokensRequest):
@@ -267,6 +358,16 @@ class MessagesRequest(CountTokensRequest):
     container: str | dict | None = Field(
         None, description="Code execution's container: not served, anything but null is a 400."
     )
+    compaction: dict | None = Field(
+        None, description="Server-side compaction: not served, anything but null is a 400."
+    )
+    # Another model when this one declines a request for policy reasons, which none does
+    # here: "default" (the model's own configuration) runs on the model alone, as it does
+    # on Anthropic's models without fallbacks; a list of models is a 400, as it is there.
+    fallbacks: Literal["default"] | list[dict] | None = None
+    fallback_credit_token: str | dict | None = Field(
+        None, description="A refused request's credit: none is ever minted here, so a 400."
+    )
 
     @field_validator("container")
     @classmethod
@@ -274,6 +375,37 @@ class MessagesRequest(CountTokensRequest):
         if value is not None:
             raise ValueError(
                 "code execution containers are not served here: this server runs no code"
+            )
+        return value
+
+    @field_validator("compaction")
+    @classmethod
+    def _compaction(cls, value):
+        if value is not None:
+            raise ValueError(
+                "server-side compaction is not served here: compact the conversation on "
+                "the client's side (count_tokens takes compaction and counts the messages "
+                "as sent, as Anthropic's does)"
+            )
+        return value
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _fallbacks(cls, value):
+        if isinstance(value, list) and value:
+            raise ValueError(
+                "this server's models have no fallback models: they decline nothing for "
+                "policy reasons ('default' runs the request on the model alone)"
+            )
+        return value
+
+    @field_validator("fallback_credit_token")
+    @classmethod
+    def _credit(cls, value):
+        if value is not None:
+            raise ValueError(
+                "invalid or malformed: this server refuses no request for policy reasons, "
+                "so it mints no fallback credit tokens"
             )
         return value
 
@@ -295,6 +427,7 @@ def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
     thinking = wire.thinking
     budget = thinking.budget_tokens if thinking and thinking.type == "enabled" else None
     output = wire.output_config or OutputConfig()
+    form, form_param = wire.output_form()
     return neutral.ChatRequest(
         model=wire.model,
         messages=_system(wire.system) + _messages(wire.messages),
@@ -302,7 +435,7 @@ def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
         tool_choice=_tool_choice(choice, wire.tools or []),
         parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
         reasoning_effort=EFFORTS.get(output.effort) if output.effort else None,
-        constraint=_constraint(output.format),
+        constraint=_constraint(form, form_param),
         template_kwargs=_thinking_switch(thinking),
         reasoning_budget=budget,
         continue_final=_prefilled(wire.messages[-1]),
@@ -310,10 +443,10 @@ def chat_request(wire: CountTokensRequest) -> neutral.ChatRequest:
     )
 
 
-def _constraint(form: OutputFormat | None) -> neutral.Constraint | None:
+def _constraint(form: OutputFormat | None, param: str) -> neutral.Constraint | None:
     if form is None:
         return None
-    return neutral.Constraint("json_schema", form.schema_, "output_config.format.schema", True)
+    return neutral.Constraint("json_schema", form.schema_, f"{param}.schema", True)
 
 
 def _prefilled(last: Message) -> bool:
@@ -385,7 +518,7 @@ def _tool_result(block: ToolResultBlock, param: str) -> str:
                     f"{param}.content[{k}]",
                     code="images_not_supported",
                 )
-            texts.append(part.text)
+            texts.append(part.tool_name if isinstance(part, ToolReferenceBlock) else part.text)
         text = "\n".join(texts)
     return f"Error: {text}" if block.is_error else text
 
@@ -402,8 +535,9 @@ def _assistant_turn(blocks: list, param: str) -> neutral.Message:
         elif isinstance(block, ToolUseBlock):
             calls.append(neutral.ToolCall(block.id, block.name, block.input))
         elif isinstance(block, ThinkingBlock):
-            if verify(block.thinking, block.signature):
-                reasoning.append(block.thinking)
+            text = signatures.reasoning(block.thinking, block.signature, where)
+            if text is not None:
+                reasoning.append(text)
             else:
                 log.debug("thinking at %s is not this server's; left out of the prompt", where)
         elif not isinstance(block, RedactedThinkingBlock):  # opaque: nothing to render
@@ -426,7 +560,7 @@ def _part(block: TextBlock | ImageBlock, param: str) -> neutral.Part:
 def _tools(tools: list[Tool]) -> tuple[neutral.Tool, ...]:
     leave_out_hosted_tools([str(tool.type) for tool in tools if not tool.custom])
     return tuple(
-        neutral.Tool(tool.name, tool.description, tool.input_schema, tool.strict)
+        neutral.Tool(tool.name, tool.described(), tool.input_schema, tool.strict)
         for tool in tools
         if tool.custom
     )

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from mlxserve.api.anthropic.errors import error_body
-from mlxserve.api.anthropic.thinking import sign
+from mlxserve.api.anthropic.thinking import signature
 from mlxserve.api.sse import SSEWriter
 from mlxserve.postprocess.events import Content, Reasoning, ToolCallArguments, ToolCallStart
 from mlxserve.protocol.errors import ServiceError
@@ -50,9 +50,11 @@ def tool_input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def content_block(block: Block) -> dict:
+def content_block(block: Block, omitted: bool = False) -> dict:
+    """A block as the whole message has it; thinking with its text `omitted`, or not."""
     if block.kind == "reasoning":
-        return {"type": "thinking", "thinking": block.text, "signature": sign(block.text)}
+        text = "" if omitted else block.text
+        return {"type": "thinking", "thinking": text, "signature": signature(block.text, omitted)}
     if block.kind == "text":
         return {"type": "text", "text": block.text}
     return {
@@ -69,11 +71,14 @@ class MessageFormat:
     # what the request's context edits cleared ({"applied_edits": [...]}), None without
     # context_management: the whole message's field, and the final message_delta's
     context: dict | None = None
+    # thinking.display "omitted": thinking blocks without their text (their signature
+    # holds it), and no thinking_delta in a stream
+    omit_thinking: bool = False
     id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
 
     def message(self, choice: Choice, usage: Usage) -> dict:
         return {
-            **self._envelope([content_block(b) for b in choice.blocks]),
+            **self._envelope([content_block(b, self.omit_thinking) for b in choice.blocks]),
             "stop_reason": stop_reason(choice),
             "stop_sequence": choice.stop_sequence,
             "usage": usage_dict(usage),
@@ -127,6 +132,8 @@ class MessageStream:
                 kind = "reasoning" if isinstance(event, Reasoning) else "text"
                 if self._open is None or step.choice.blocks[self._open].kind != kind:
                     self._open_block(step.choice)
+                if kind == "reasoning" and self._fmt.omit_thinking:
+                    continue  # the text is in the signature at the block's end
                 delta = _text_delta(event)
             self._send("content_block_delta", self._indexed("content_block_delta", delta))
         if step.finished:
@@ -153,7 +160,8 @@ class MessageStream:
             return
         block = choice.blocks[self._open]
         if block.kind == "reasoning":
-            delta = {"type": "signature_delta", "signature": sign(block.text)}
+            sealed = signature(block.text, self._fmt.omit_thinking)
+            delta = {"type": "signature_delta", "signature": sealed}
             self._send("content_block_delta", self._indexed("content_block_delta", delta))
         self._send("content_block_stop", {"type": "content_block_stop", "index": self._open})
         self._open = None
