@@ -2,7 +2,8 @@
 launch CLIENT --url ... -- ARGS`: each completes a turn in its non-interactive mode against
 a server that wants an API key (OpenCode, Qwen Code and cn a tool round trip: the model
 asks for their shell tool, the client runs the command and sends its result back, the
-model answers), every request it made answered 200, with its settings for
+model answers) and then a second session continuing the first one's conversation from
+the prompt cache, every request it made answered 200, with its settings for
 this server in a temporary folder that is gone when it exits, and the user's own
 configuration files (each naming another model or provider) neither written nor winning.
 `mlxserve launch --list` tells installed clients from the others, and each client is given
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -78,6 +80,15 @@ CLIENTS = {
 }
 
 
+# Each client's second session, continuing the first one's conversation.
+SECOND_TURNS = {
+    "opencode": ["run", "--continue", QUESTION],
+    "qwen": ["--yolo", "--continue", QUESTION],  # its tools as in the first: the same prompt
+    "aider": [*CLIENTS["aider"][0], "--restore-chat-history"],
+    "cn": ["-p", "--resume", QUESTION],
+}
+
+
 @pytest.fixture(scope="session")
 def clients_path() -> str:
     """PATH with the four CLIs, the virtualenv's node and mlxserve before aider's own
@@ -94,25 +105,43 @@ def served(launch_module, tool_agent_model):
 
 
 @pytest.mark.parametrize("client", list(CLIENTS))
-def test_a_turn_through_the_launcher(client, served, clients_path, tmp_path):
+def test_a_session_through_the_launcher(client, served, clients_path, tmp_path):
+    """A turn (a tool round trip where the client has tools), then a second session that
+    continues the conversation: its prompt holds the first one's, from the prompt cache."""
     args, user_files = CLIENTS[client]
     for name, text in user_files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    first = launched(served, client, args, clients_path, tmp_path)
+    if client != "aider":  # the model's call ran, and the model was asked again after it
+        assert (tmp_path / "work" / MADE).exists()
+        assert len(first) >= 2, first
+    second = launched(served, client, SECOND_TURNS[client], clients_path, tmp_path)
+    assert max(map(prompt_tokens, second)) > max(map(prompt_tokens, first)), second
+    assert cached_tokens(second[0]) > 0, second
+    assert {name: (tmp_path / name).read_text() for name in user_files} == user_files
+
+
+def launched(served, client: str, args: list[str], path: str, home: Path) -> list[str]:
+    """Run the client through the launcher in `home`; its requests' access-log lines."""
+    temp = home / "tmp"
+    temp.mkdir(exist_ok=True)
     since = len(served.log)
     command = [sys.executable, "-m", "mlxserve", "launch", client, "--url", served.url]
     command += ["--api-key", API_KEY, "--", *args]
-    done = run(command, tmp_path, clients_path, TMPDIR=str(temp))
+    done = run(command, home, path, TMPDIR=str(temp))
     assert done.returncode == 0, done.stdout + done.stderr
     assert AGENT_REPLY in done.stdout, done.stdout + done.stderr
-    turns = answered(served, CHAT, since)
-    if client != "aider":  # the model's call ran, and the model was asked again after it
-        assert (tmp_path / "work" / MADE).exists(), done.stdout + done.stderr
-        assert len(turns) >= 2, turns
-    assert {name: (tmp_path / name).read_text() for name in user_files} == user_files
     assert not list(temp.glob("mlxserve-launch-*"))  # its settings went with it
+    return answered(served, CHAT, since)
+
+
+def prompt_tokens(line: str) -> int:
+    return int(re.search(r" prompt=(\d+)", line)[1])
+
+
+def cached_tokens(line: str) -> int:
+    return int(re.search(r" cached=(\d+)", line)[1])
 
 
 def test_list_tells_installed_clients_from_the_others(tmp_path, monkeypatch, capsys):
