@@ -346,6 +346,21 @@ class CountTokensRequest(Strict):
         return self.output_format, "output_format"
 
 
+# Fields refused whenever given, and why.
+UNSERVED = {
+    "container": "code execution containers are not served here: this server runs no code",
+    "compaction": (
+        "server-side compaction is not served here: compact the conversation on the "
+        "client's side (count_tokens takes compaction and counts the messages as sent, as "
+        "Anthropic's does)"
+    ),
+    "fallback_credit_token": (
+        "invalid or malformed: this server refuses no request for policy reasons, so it "
+        "mints no fallback credit tokens"
+    ),
+}
+
+
 class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[int, Field(ge=1)]
     stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
@@ -369,24 +384,11 @@ class MessagesRequest(CountTokensRequest):
         None, description="A refused request's credit: none is ever minted here, so a 400."
     )
 
-    @field_validator("container")
+    @field_validator("container", "compaction", "fallback_credit_token")
     @classmethod
-    def _container(cls, value):
+    def _unserved(cls, value, info: ValidationInfo):
         if value is not None:
-            raise ValueError(
-                "code execution containers are not served here: this server runs no code"
-            )
-        return value
-
-    @field_validator("compaction")
-    @classmethod
-    def _compaction(cls, value):
-        if value is not None:
-            raise ValueError(
-                "server-side compaction is not served here: compact the conversation on "
-                "the client's side (count_tokens takes compaction and counts the messages "
-                "as sent, as Anthropic's does)"
-            )
+            raise ValueError(UNSERVED[info.field_name or ""])
         return value
 
     @field_validator("fallbacks")
@@ -396,16 +398,6 @@ class MessagesRequest(CountTokensRequest):
             raise ValueError(
                 "this server's models have no fallback models: they decline nothing for "
                 "policy reasons ('default' runs the request on the model alone)"
-            )
-        return value
-
-    @field_validator("fallback_credit_token")
-    @classmethod
-    def _credit(cls, value):
-        if value is not None:
-            raise ValueError(
-                "invalid or malformed: this server refuses no request for policy reasons, "
-                "so it mints no fallback credit tokens"
             )
         return value
 
