@@ -260,8 +260,12 @@ def test_options_reach_the_sampler(srv, models):
     assert seeded[0].message.content == seeded[1].message.content
     hot = ask(srv, models["chat"], conv, options={"temperature": 5.0, "seed": 8, "num_predict": 20})
     assert hot.message.content != seeded[0].message.content
-    # what Ollama's clients send and has no meaning here is accepted
-    ignored = {"num_gpu": 1, "num_thread": 2, "mirostat": None, "num_batch": 8, "use_mmap": True}
+    # what Ollama's clients send and has no meaning here is accepted, and so are the samplers
+    # MLX has not at the values that turn them off
+    ignored: dict[str, object] = {"num_gpu": 1, "num_thread": 2, "num_batch": 8, "num_keep": 4}
+    ignored |= {"use_mmap": True, "mirostat_eta": None}  # null: skipped
+    ignored |= {"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "tfs_z": 1}
+    ignored |= {"penalize_newline": True}
     assert ask(srv, models["chat"], BY_NAME["capital"], options=ignored).message.content == (
         BY_NAME["capital"].reply
     )
@@ -278,6 +282,28 @@ def test_eight_concurrent_streams_share_the_batch(srv, models):
     together = concurrently(streamed, names)
     assert together == [alone[name] for name in names]
     assert [text for text, _ in together] == [BY_NAME[name].reply for name in names]
+
+
+def test_truncate_leaves_out_the_oldest_turns_it_is_asked_to(srv, models):
+    """A conversation over the context: `truncate: true` leaves its oldest turns out (the
+    reply is the last question's); without it the prompt is a 400, never cut unasked."""
+    conv = BY_NAME["capital"]
+    long = [
+        {"role": "user", "content": "Read this. " * 3000},
+        {"role": "assistant", "content": "OK."},
+    ]
+    request = {"model": models["chat"], "messages": [*long, *conv.messages], "stream": False}
+    status, _, reply = raw(srv, CHAT, {**request, "truncate": True})
+    assert status == 200 and json.loads(reply)["message"]["content"] == conv.reply
+    assert json.loads(reply)["prompt_eval_count"] < 100
+    for refused in ({}, {"truncate": False}):
+        status, _, reply = raw(srv, CHAT, {**request, **refused})
+        assert status == 400 and "context" in json.loads(reply)["error"]
+    long_prompt = {"model": models["chat"], "prompt": "Read this. " * 3000, "stream": False}
+    long_prompt["options"] = {"num_predict": 5}
+    status, _, reply = raw(srv, "/api/generate", {**long_prompt, "truncate": True})
+    assert status == 200 and 1000 < json.loads(reply)["prompt_eval_count"] <= 4096  # its end
+    assert raw(srv, "/api/generate", long_prompt)[0] == 400
 
 
 # Embeddings ---------------------------------------------------------------------------
@@ -444,6 +470,22 @@ def test_langchain_chat_ollama_with_a_bound_tool(srv, models):
         ("/api/generate", {"model": "CHAT", "prompt": "x", "raw": True, "system": "s"}, 400, "raw"),
         ("/api/generate", {"model": "CHAT", "prompt": "x", "template": "{{ .Prompt }}"}, 400,
          "template"),
+        # what would change the reply and is not served is named, never dropped
+        (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
+                "options": {"mirostat": 2}}, 400, "options.mirostat: option 'mirostat' 2 is not"),
+        (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
+                "options": {"typical_p": 0.5}}, 400, "options.typical_p:"),
+        (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
+                "options": {"tfs_z": 0.9}}, 400, "options.tfs_z:"),
+        (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
+                "options": {"penalize_newline": False}}, 400, "options.penalize_newline:"),
+        (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
+                "options": {"mirostat": "2"}}, 400, "must be an integer"),
+        ("/api/generate", {"model": "CHAT", "prompt": "a cat", "width": 512}, 400,
+         "/v1/images/generations"),
+        ("/api/generate", {"model": "CHAT", "prompt": "a cat", "steps": 9}, 400, "steps"),
+        ("/api/create", {"model": "hot", "from": "CHAT", "parameters": {"mirostat": 1}}, 400,
+         "parameters.mirostat:"),
         ("/api/show", {"model": "nope"}, 404, "model 'nope:latest' not found"),
         ("/api/embed", {"model": "nope", "input": "x"}, 404, "not found"),
         ("/api/pull", {"model": "llama3.2"}, 400, "owner/name"),
@@ -454,8 +496,8 @@ def test_langchain_chat_ollama_with_a_bound_tool(srv, models):
 def test_bad_requests_are_ollama_errors_and_the_server_stays_up(
     srv, models, path, body, status, words
 ):
-    if isinstance(body, dict) and body.get("model") == "CHAT":
-        body = {**body, "model": models["chat"]}
+    if isinstance(body, dict):
+        body = {key: models["chat"] if value == "CHAT" else value for key, value in body.items()}
     got, kind, reply = raw(srv, path, body)
     assert got == status and kind == "application/json"
     error = json.loads(reply)

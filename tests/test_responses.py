@@ -22,6 +22,7 @@ from conversations import (
 )
 from helpers.sse import stream
 from helpers.streams import endless
+from websockets.sync.client import connect
 
 RESPONSES = "/v1/responses"
 CHAT = "/v1/chat/completions"
@@ -415,6 +416,7 @@ def test_reasoning_effort_and_none_reach_the_template(server):
 
     assert prompt(reasoning={"effort": "none"}) > prompt()  # the template writes an empty block
     assert prompt(reasoning={"effort": "high"}) == prompt()  # the tiny template ignores effort
+    assert prompt(reasoning={"effort": "max"}) == prompt()  # served as high
 
 
 def test_encrypted_reasoning_carries_a_stateless_conversation(server):
@@ -810,6 +812,27 @@ ERRORS = [
     ({"model": "default", "input": HI, "background": True}, "background"),
     ({"model": "default", "input": HI, "include": ["everything"]}, "include"),
     ({"model": "default", "input": HI, "truncation": "middle"}, "truncation"),
+    # fields of OpenAI's that would change the reply and are not served: never dropped
+    ({"model": "default", "input": HI, "moderation": {"model": "omni"}}, "moderation"),
+    (
+        {"model": "default", "input": HI, "context_management": [{"type": "compaction"}]},
+        "context_management",
+    ),
+    (
+        {"model": "default", "input": HI, "prompt_cache_options": {"prewarm": True}},
+        "prompt_cache_options.prewarm",
+    ),
+    ({"model": "default", "input": HI, "text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"model": "default", "input": HI, "reasoning": {"context": "all_turns"}}, "reasoning.context"),
+    ({"model": "default", "input": HI, "reasoning": {"mode": "pro"}}, "reasoning.mode"),
+    (
+        {"model": "default", "input": HI, "image": {"context_compression": "enabled"}},
+        "image.context_compression",
+    ),
+    (
+        {"model": "default", "input": HI, "stream_options": {"include_obfuscation": 1}},
+        "stream_options.include_obfuscation",
+    ),
     (
         {"model": "default", "input": HI, "text": {"format": {"type": "json_schema"}}},
         "text.format.name",
@@ -851,6 +874,67 @@ def test_client_mistakes_are_400_in_openai_shape(server, request_body, mentions)
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error"
     assert mentions in error["message"] + str(error["param"])
+
+
+NOT_SERVED = {  # a field -> a value asking what the server cannot do, and the param named
+    "moderation": ({"model": "omni-moderation-latest"}, "moderation"),
+    "context_management": (
+        [{"type": "compaction", "compact_threshold": 1000}],
+        "context_management",
+    ),
+    "prompt_cache_options": ({"prewarm": True}, "prompt_cache_options.prewarm"),
+    "text": ({"verbosity": "high"}, "text.verbosity"),
+    "reasoning": ({"context": "current_turn"}, "reasoning.context"),
+    "image": ({"context_compression": "enabled"}, "image.context_compression"),
+}
+
+
+@pytest.mark.parametrize("field", NOT_SERVED)
+def test_fields_not_served_are_named_over_http_and_the_socket(server, field):
+    """The 400 names the field exactly, over HTTP and as a WebSocket turn's error event."""
+    value, param = NOT_SERVED[field]
+    request = {**body(BY_NAME["capital"]), field: value}
+    status, _, reply = server.post(RESPONSES, request)
+    assert status == 400 and reply["error"]["param"] == param, reply
+    assert "served" in reply["error"]["message"]
+    with connect(server.url.replace("http://", "ws://") + RESPONSES, open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "response.create", **request}))
+        event = json.loads(ws.recv(timeout=120))
+    assert event["type"] == "error" and event["status"] == 400
+    assert event["error"]["param"] == param
+
+
+def test_what_clients_send_that_changes_nothing_is_served(server):
+    """Codex's fields (as it sends them), the SDK's caching and routing hints, and each
+    not-served field at the value that asks for nothing: the trained reply."""
+    conv = BY_NAME["capital"]
+    request = body(
+        conv,
+        include=[ENCRYPTED],
+        prompt_cache_key="019a-session",
+        client_metadata={"x-codex-turn": "1"},
+        reasoning={"effort": "max", "summary": "auto", "context": "auto", "mode": "standard"},
+        store=False,
+        parallel_tool_calls=False,
+        tool_choice="auto",
+        service_tier="priority",
+        safety_identifier="user-1",
+        prompt_cache_retention="24h",
+        prompt_cache_options={"mode": "explicit", "ttl": "12h", "prewarm": False},
+        text={"verbosity": "medium"},
+        stream_options={"include_obfuscation": False},
+        image={"context_compression": "disabled"},
+        moderation=None,
+        context_management=[],
+        access_programs={"cyber": "standard"},
+        background_options={"completion_window": "soonest"},
+        max_tool_calls=3,
+    )
+    status, _, reply = server.post(RESPONSES, request)
+    assert status == 200, reply
+    assert reply["output"][-1]["content"][0]["text"] == conv.reply
+    assert reply["service_tier"] == "default" and reply["max_tool_calls"] == 3
+    assert reply["reasoning"] == {"effort": "max", "summary": "auto"}
 
 
 def test_unknown_ids_methods_and_models(server):

@@ -377,6 +377,7 @@ class OllamaEndpoints:
             )
         base = _required(wire.from_, "neither 'from' or 'files' was specified")
         self._spec(base)
+        read_options(wire.parameters, "parameters")  # refused now, not at each request
         self.names.create(served_name(name), served_name(base), wire, self.service)
         lines = [{"status": "using existing layer"}, {"status": "writing manifest"}]
         lines.append({"status": "success"})

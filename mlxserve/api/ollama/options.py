@@ -3,9 +3,11 @@ type (a wrong one is a 400 naming it), unknown ones logged and ignored, null one
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +25,9 @@ FLOATS = (
     "presence_penalty",
     "frequency_penalty",
 )
-# Options Ollama (or its clients) know that have no meaning here: the runner's threads,
-# GPU layers, memory mapping, batch size, and samplers MLX has not (mirostat, tfs, typical).
+# Options Ollama (or its clients) know that change nothing in a reply here: the runner's
+# threads, GPU layers, memory mapping, batch size, the tokens a shifted context keeps (a
+# context is never shifted here), and mirostat's settings (mirostat is off, below).
 IGNORED = (
     "num_keep",
     "num_batch",
@@ -40,13 +43,20 @@ IGNORED = (
     "vocab_only",
     "embedding_only",
     "draft_num_predict",
-    "typical_p",
-    "tfs_z",
-    "mirostat",
     "mirostat_tau",
     "mirostat_eta",
-    "penalize_newline",
 )
+# Samplers of Ollama's runner that MLX has not: each served at the value that turns it off
+# (what the server does), any other value a 400 naming it: (is it off?, what to send).
+NOT_SERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "mirostat": (lambda v: v == 0, "MLX has no mirostat sampler; leave it 0 (off)"),
+    "typical_p": (lambda v: v >= 1, "MLX has no locally typical sampler; leave it 1 (off)"),
+    "tfs_z": (lambda v: v >= 1, "MLX has no tail-free sampler; leave it 1 (off)"),
+    "penalize_newline": (
+        lambda v: v is True,
+        "the repetition penalty counts a newline as any other token; leave it true",
+    ),
+}
 REPEAT_LAST_N = 64  # Ollama's default window for repeat_penalty
 WHOLE_CONTEXT = 1 << 20  # repeat_last_n -1: the whole context (far longer than any here)
 
@@ -61,14 +71,16 @@ class Options:
     num_ctx: int | None = None
 
 
-def read_options(given: dict | None) -> Options:
+def read_options(given: dict | None, where: str = "options") -> Options:
+    """`where`: the field the options came in (a created name's are its `parameters`)."""
     values = {k: v for k, v in (given or {}).items() if v is not None}
     for key in values:
-        if key not in (*INTEGERS, *FLOATS, *IGNORED, "stop"):
+        if key not in (*INTEGERS, *FLOATS, *IGNORED, *NOT_SERVED, "stop"):
             log.info("Ollama option %r is not one this server knows; ignored", key)
-    numbers = {key: _number(values, key, int) for key in INTEGERS if key in values}
-    numbers |= {key: _number(values, key, float) for key in FLOATS if key in values}
-    _check_ranges(numbers)
+    _check_not_served(values, where)
+    numbers = {key: _number(values, key, int, where) for key in INTEGERS if key in values}
+    numbers |= {key: _number(values, key, float, where) for key in FLOATS if key in values}
+    _check_ranges(numbers, where)
     penalty = numbers.get("repeat_penalty")
     window = int(numbers.get("repeat_last_n", REPEAT_LAST_N))
     if window == 0:  # Ollama's "off"
@@ -89,21 +101,37 @@ def read_options(given: dict | None) -> Options:
     return Options(
         sampling,
         max_tokens=int(predict) if predict is not None and predict > 0 else None,
-        stop=_stop(values.get("stop")),
+        stop=_stop(values.get("stop"), where),
         num_ctx=_int_or_none(numbers.get("num_ctx")),
     )
+
+
+def _check_not_served(values: dict, where: str) -> None:
+    for key, (off, advice) in NOT_SERVED.items():
+        if key not in values:
+            continue
+        if key == "penalize_newline":
+            value = values[key]
+            if not isinstance(value, bool):
+                raise bad_request(f"option {key!r} must be true or false.", f"{where}.{key}")
+        else:
+            value = _number(values, key, int if key == "mirostat" else float, where)
+        if not off(value):
+            raise bad_request(
+                f"option {key!r} {json.dumps(value)} is not served: {advice}.", f"{where}.{key}"
+            )
 
 
 def _int_or_none(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _number(values: dict, key: str, kind: type) -> float:
+def _number(values: dict, key: str, kind: type, where: str) -> float:
     """A JSON number (Ollama truncates a float where it wants an integer)."""
     value = values[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         wanted = "an integer" if kind is int else "a number"
-        raise bad_request(f"option {key!r} must be {wanted}.", param=f"options.{key}")
+        raise bad_request(f"option {key!r} must be {wanted}.", param=f"{where}.{key}")
     return int(value) if kind is int else float(value)
 
 
@@ -119,21 +147,21 @@ _RANGES = {
 }
 
 
-def _check_ranges(numbers: dict[str, float]) -> None:
+def _check_ranges(numbers: dict[str, float], where: str) -> None:
     for key, (low, high) in _RANGES.items():
         value = numbers.get(key)
         if value is not None and not low <= value <= high:
             span = f"at least {low:g}" if high == math.inf else f"between {low:g} and {high:g}"
-            raise bad_request(f"option {key!r} must be {span}.", param=f"options.{key}")
+            raise bad_request(f"option {key!r} must be {span}.", param=f"{where}.{key}")
 
 
-def _stop(value: Any) -> tuple[str, ...]:
+def _stop(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):  # one stop string, as some clients send it
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise bad_request("option 'stop' must be an array of strings.", param="options.stop")
+        raise bad_request("option 'stop' must be an array of strings.", param=f"{where}.stop")
     return tuple(value)
 
 

@@ -63,8 +63,10 @@ class _Generation(Strict):
     keep_alive: KeepAlive = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
-    truncate: bool | None = None  # accepted: a prompt over the context is a 400 here
-    shift: bool | None = None  # accepted, unused
+    # true: the oldest turns are left out of a prompt over the context (the last turn loses
+    # its start where it alone does not fit); left out or false, such a prompt is a 400
+    truncate: bool | None = None
+    shift: bool | None = None  # accepted: a reply that fills the context ends there
 
     @field_validator("format")
     @classmethod
@@ -87,6 +89,21 @@ class GenerateRequest(_Generation):
     context: list[int] | None = None
     raw: bool = False
     images: list[str] | None = None
+    # Ollama's image generation (an image model's size and steps): not served on this
+    # route (POST /v1/images/generations serves it); 0, the default, asks for nothing.
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
+
+    @field_validator("width", "height", "steps")
+    @classmethod
+    def _no_images_out(cls, value):
+        if value:
+            raise ValueError(
+                "image generation through /api/generate is not served: use POST "
+                "/v1/images/generations"
+            )
+        return value
 
     @model_validator(mode="after")
     def _raw(self):

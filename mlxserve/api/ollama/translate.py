@@ -32,6 +32,7 @@ def chat_request(wire: ChatRequest, model: str, options: Options) -> neutral.Cha
     return neutral.ChatRequest(
         **_generation_fields(wire, model, options),
         **_thinking(wire.think),
+        drop_oldest_to_fit=wire.truncate is True,
         messages=messages,
         tools=tuple(
             neutral.Tool(t.function.name, t.function.description, _schema(t.function.parameters))
@@ -48,6 +49,7 @@ def generate_chat(wire: GenerateRequest, model: str, options: Options) -> neutra
     return neutral.ChatRequest(
         **_generation_fields(wire, model, options),
         **_thinking(wire.think),
+        drop_oldest_to_fit=wire.truncate is True,
         messages=(*system, user),
         messages_param="prompt",
     )

@@ -22,7 +22,14 @@ from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 
 # reasoning.effort -> the chat template's reasoning_effort ("none" turns thinking off)
-EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+EFFORTS = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 LOGPROBS = "message.output_text.logprobs"
 # What `include` may ask for: the encrypted reasoning and the logprobs change a reply; the
@@ -89,7 +96,18 @@ class TextFormat(Strict):
 
 class TextConfig(Strict):
     format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None  # accepted, unused
+    # OpenAI's models write shorter or longer answers by it; a model here has no such switch:
+    # "medium" (OpenAI's default) is how it writes, the others a 400.
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @field_validator("verbosity")
+    @classmethod
+    def _as_written(cls, value):
+        if value not in (None, "medium"):
+            raise ValueError(
+                "only 'medium' is served: the model has no switch for shorter or longer answers"
+            )
+        return value
 
 
 Summary = Literal["auto", "concise", "detailed"]
@@ -101,17 +119,85 @@ Metadata = Annotated[
 
 
 class ReasoningConfig(Strict):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: Summary | None = None
     generate_summary: Summary | None = None  # the older name of `summary`
+    # Which turns' reasoning the model sees again: the chat template decides ("auto").
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: str | None = None  # OpenAI's execution modes: one ("standard") here
+
+    @field_validator("context")
+    @classmethod
+    def _template_decides(cls, value):
+        if value not in (None, "auto"):
+            raise ValueError(
+                "only 'auto' is served: the model's chat template decides which turns' "
+                "reasoning it renders"
+            )
+        return value
+
+    @field_validator("mode")
+    @classmethod
+    def _standard(cls, value):
+        if value not in (None, "standard"):
+            raise ValueError("only 'standard' is served: the model runs one way here")
+        return value
 
 
 class ConversationRef(Strict):
     id: str
 
 
+class ImageOptions(Strict):
+    # The server never compresses an image's context: "auto" and "disabled" are what it does.
+    context_compression: Literal["auto", "enabled", "disabled"] | None = None
+
+    @field_validator("context_compression")
+    @classmethod
+    def _uncompressed(cls, value):
+        if value == "enabled":
+            raise ValueError("is not served: images reach the model as its processor reads them")
+        return value
+
+
+class PromptCacheOptions(Strict):
+    """Caching hints (`mode`, `ttl`, `comparison_response_id`) change nothing in a reply and
+    are ignored; `prewarm` asks for a response without output."""
+
+    prewarm: bool = False
+
+    @field_validator("prewarm")
+    @classmethod
+    def _no_prewarm(cls, value):
+        if value:
+            raise ValueError(
+                "is not served: a response here always answers (the prompt cache fills as "
+                "it is computed); leave it false"
+            )
+        return value
+
+
+class StreamOptions(Strict):
+    # Obfuscation pads delta events with random characters against a network side channel;
+    # this server sends none, as `false` asks, and `true` changes no text.
+    include_obfuscation: bool = True
+
+
 # The validation context of a WebSocket warm-up (`generate: false`), which may have no input.
 WARMUP = "warmup"
+
+
+# Fields of OpenAI's that would change the reply and that this server has not: a 400 naming
+# them whenever they ask for something, and why.
+UNSERVED = {
+    "background": "background responses are not supported; leave it false",
+    "prompt": "is not supported on this server; send the input itself",
+    "moderation": "is not served: this server runs no moderation model",
+    "context_management": (
+        "is not served: compact a conversation with POST /v1/responses/compact or a "
+        "compaction_trigger input item"
+    ),
+}
 
 
 class ResponsesRequest(Strict):
@@ -135,10 +221,17 @@ class ResponsesRequest(Strict):
     metadata: Metadata | None = None
     user: str | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     background: bool = False
     conversation: str | ConversationRef | None = None
     prompt: dict | None = None
-    # Accepted and unused: routing and caching hints of OpenAI's platform.
+    image: ImageOptions | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    moderation: dict | None = None
+    context_management: list[dict] | None = None
+    # Accepted and unused: routing, caching and abuse-detection hints of OpenAI's platform,
+    # which change nothing in a reply (as do `access_programs`, `background_options` and
+    # `prompt_cache_retention`, left unread).
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -158,18 +251,11 @@ class ResponsesRequest(Strict):
         shape = "only {'type': 'function', 'name': ...} can name a tool on this server"
         return check_tool_choice(value, lambda choice: choice.get("name"), shape)
 
-    @field_validator("background")
+    @field_validator(*UNSERVED)
     @classmethod
-    def _foreground(cls, value):
-        if value:
-            raise ValueError("background responses are not supported; leave it false")
-        return value
-
-    @field_validator("prompt")
-    @classmethod
-    def _absent(cls, value):
-        if value is not None:
-            raise ValueError("is not supported on this server; send the input itself")
+    def _unserved(cls, value, info: ValidationInfo):
+        if value not in (None, False, []):  # what asks for nothing
+            raise ValueError(UNSERVED[info.field_name or ""])
         return value
 
     @property
