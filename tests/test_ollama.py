@@ -265,7 +265,7 @@ def test_options_reach_the_sampler(srv, models):
     ignored: dict[str, object] = {"num_gpu": 1, "num_thread": 2, "num_batch": 8, "num_keep": 4}
     ignored |= {"use_mmap": True, "mirostat_eta": None}  # null: skipped
     ignored |= {"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "tfs_z": 1}
-    ignored |= {"penalize_newline": True}
+    ignored |= {"penalize_newline": False}  # deprecated: Ollama ignores it too
     assert ask(srv, models["chat"], BY_NAME["capital"], options=ignored).message.content == (
         BY_NAME["capital"].reply
     )
@@ -477,8 +477,6 @@ def test_langchain_chat_ollama_with_a_bound_tool(srv, models):
                 "options": {"typical_p": 0.5}}, 400, "options.typical_p:"),
         (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
                 "options": {"tfs_z": 0.9}}, 400, "options.tfs_z:"),
-        (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
-                "options": {"penalize_newline": False}}, 400, "options.penalize_newline:"),
         (CHAT, {"model": "CHAT", "messages": [{"role": "user", "content": "Hi"}],
                 "options": {"mirostat": "2"}}, 400, "must be an integer"),
         ("/api/generate", {"model": "CHAT", "prompt": "a cat", "width": 512}, 400,

@@ -45,6 +45,7 @@ IGNORED = (
     "draft_num_predict",
     "mirostat_tau",
     "mirostat_eta",
+    "penalize_newline",  # Ollama's own runners accept it and ignore it (deprecated)
 )
 # Samplers of Ollama's runner that MLX has not: each served at the value that turns it off
 # (what the server does), any other value a 400 naming it: (is it off?, what to send).
@@ -52,10 +53,6 @@ NOT_SERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mirostat": (lambda v: v == 0, "MLX has no mirostat sampler; leave it 0 (off)"),
     "typical_p": (lambda v: v >= 1, "MLX has no locally typical sampler; leave it 1 (off)"),
     "tfs_z": (lambda v: v >= 1, "MLX has no tail-free sampler; leave it 1 (off)"),
-    "penalize_newline": (
-        lambda v: v is True,
-        "the repetition penalty counts a newline as any other token; leave it true",
-    ),
 }
 REPEAT_LAST_N = 64  # Ollama's default window for repeat_penalty
 WHOLE_CONTEXT = 1 << 20  # repeat_last_n -1: the whole context (far longer than any here)
@@ -110,12 +107,7 @@ def _check_not_served(values: dict, where: str) -> None:
     for key, (off, advice) in NOT_SERVED.items():
         if key not in values:
             continue
-        if key == "penalize_newline":
-            value = values[key]
-            if not isinstance(value, bool):
-                raise bad_request(f"option {key!r} must be true or false.", f"{where}.{key}")
-        else:
-            value = _number(values, key, int if key == "mirostat" else float, where)
+        value = _number(values, key, int if key == "mirostat" else float, where)
         if not off(value):
             raise bad_request(
                 f"option {key!r} {json.dumps(value)} is not served: {advice}.", f"{where}.{key}"
