@@ -89,6 +89,7 @@ def test_bodies_that_are_not_a_json_object(server, raw):
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"web_search_options": {}}, "web_search_options"),
+        ({"verbosity": "low"}, "verbosity"),
     ],
 )
 def test_invalid_chat_fields(server, extra, param):
@@ -98,6 +99,7 @@ def test_invalid_chat_fields(server, extra, param):
 
 def test_the_text_modality_and_nulls_are_served(server):
     body = {"messages": MESSAGES, "modalities": ["text"], "audio": None, "web_search_options": None}
+    body |= {"verbosity": "medium"}  # how the model writes
     status, _, reply = server.post(CHAT, body)
     assert status == 200 and reply["choices"][0]["message"]["content"] == BY_NAME["capital"].reply
 
@@ -114,10 +116,17 @@ def test_the_text_modality_and_nulls_are_served(server):
         ({"prompt": [-1]}, "prompt"),
         ({"prompt": "hi", "logprobs": 21}, "logprobs"),
         ({"prompt": "hi", "logprobs": True}, "logprobs"),
+        ({"prompt": "hi", "best_of": 2}, "best_of"),  # more candidates than n, ranked
+        ({"prompt": "hi", "best_of": 1, "n": 2}, "best_of"),
     ],
 )
 def test_invalid_completion_fields(server, body, param):
     assert_error(server.post("/v1/completions", body), 400, param=param)
+
+
+def test_best_of_as_many_as_n_is_served(server):
+    status, _, reply = server.post("/v1/completions", {"prompt": "hi", "best_of": 2, "n": 2})
+    assert status == 200 and len(reply["choices"]) == 2
 
 
 def test_image_part_for_a_text_model(server):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,6 +20,19 @@ from mlxserve.protocol.request import ToolChoice, ToolChoiceMode
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+Verbosity = Literal["low", "medium", "high"]
+
+
+def as_written(verbosity: Verbosity | None) -> Verbosity | None:
+    """OpenAI's models write shorter or longer answers by `verbosity`; a model here has no
+    such switch: "medium" (OpenAI's default) is how it writes, the others are refused."""
+    if verbosity not in (None, "medium"):
+        raise ValueError(
+            "only 'medium' is served: the model has no switch for shorter or longer answers"
+        )
+    return verbosity
 
 
 # Pydantic names union members in error locations ('str', 'list[str]', 'ContentPart'...).

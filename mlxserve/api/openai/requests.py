@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from mlxserve.api.wire import Strict as _Strict
-from mlxserve.api.wire import check_tool_choice, tool_choice
+from mlxserve.api.wire import Verbosity, as_written, check_tool_choice, tool_choice
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 from mlxserve.structured.lark import MAX_CHOICES
@@ -210,6 +210,9 @@ class ChatRequest(GenerationRequest):
     audio: dict | None = None
     modalities: list[str] | None = None
     web_search_options: dict | None = None
+    verbosity: Verbosity | None = None
+
+    _as_written = field_validator("verbosity")(as_written)
 
     @field_validator("audio", "web_search_options")
     @classmethod
@@ -293,6 +296,21 @@ class CompletionRequest(GenerationRequest):
     # Fill in the middle: the prompt is the code before the cursor, `suffix` after it
     suffix: str | None = None
     echo: bool = False  # not served: a 400 (the prompt is not repeated in the reply)
+    # OpenAI's server generates best_of candidates and returns the n most likely: served
+    # where that is every candidate (best_of == n); this server does not rank candidates
+    best_of: Annotated[int, Field(ge=1, le=16)] | None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_ranking(cls, value, info: ValidationInfo):
+        n = info.data.get("n", 1)
+        if value is not None and value < n:
+            raise ValueError("best_of must be at least n")
+        if value is not None and value > n:
+            raise ValueError(
+                "best_of greater than n is not served: this server does not rank candidates"
+            )
+        return value
 
     @field_validator("echo")
     @classmethod

@@ -17,7 +17,7 @@ from pydantic import (
 from mlxserve.api.quirks import leave_out_hosted_tools
 from mlxserve.api.responses.conversation import CompactionTrigger, Conversation, InputItem
 from mlxserve.api.responses.files import FileInputs
-from mlxserve.api.wire import Strict, check_tool_choice, tool_choice
+from mlxserve.api.wire import Strict, Verbosity, as_written, check_tool_choice, tool_choice
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 
@@ -96,18 +96,9 @@ class TextFormat(Strict):
 
 class TextConfig(Strict):
     format: TextFormat | None = None
-    # OpenAI's models write shorter or longer answers by it; a model here has no such switch:
-    # "medium" (OpenAI's default) is how it writes, the others a 400.
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: Verbosity | None = None
 
-    @field_validator("verbosity")
-    @classmethod
-    def _as_written(cls, value):
-        if value not in (None, "medium"):
-            raise ValueError(
-                "only 'medium' is served: the model has no switch for shorter or longer answers"
-            )
-        return value
+    _as_written = field_validator("verbosity")(as_written)
 
 
 Summary = Literal["auto", "concise", "detailed"]
