@@ -144,8 +144,8 @@ def _tool_uses(messages: list[Message]) -> list[ToolUseBlock]:
     return [
         block
         for message in messages
-        if message.role == "assistant" and isinstance(message.content, list)
-        for block in message.content
+        if message.role == "assistant"
+        for block in _blocks(message)
         if isinstance(block, ToolUseBlock)
     ]
 

@@ -39,7 +39,7 @@ class AnthropicEndpoints:
         try:
             for step in run.steps(keepalive):
                 stream.step(step, run.usage)
-                if not step.finished:  # omitted thinking writes nothing while it is written
+                if omitted and not step.finished:  # hidden thinking writes nothing meanwhile
                     keepalive()
         except Exception as e:
             stream.error(stream_failure(sse, e))
