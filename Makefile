@@ -48,10 +48,11 @@ fixtures: install-dev speech
 
 # Two workers, each taking whole test modules (their servers are module fixtures): the
 # suite waits on servers, clients and agent CLIs as much as it computes. TEST_WORKERS=0
-# runs it in one process.
+# runs it in one process. The 30 slowest tests end every log: the run's long poles.
 TEST_WORKERS ?= 2
 test: install-dev browser speech fixtures
-	$(WITH_BLAS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(WITH_BLAS) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations 30 $(ARGS)
 
 # The engine's parts in this process on tiny models, and the parsers: a minute or two.
 test-fast: install-dev
