@@ -270,7 +270,7 @@ class ServerConfig:
     websocket_idle_timeout: float = setting(
         900.0,
         group=SERVER,
-        help="seconds a WebSocket session (Responses over a socket) may stay silent between messages before the server closes it (1001, `going away`); clients reconnect",
+        help="seconds a WebSocket session (Responses over a socket, a Realtime session) may stay silent between messages before the server closes it (1001, `going away`); clients reconnect",
     )
     keepalive_seconds: float = setting(
         5.0,

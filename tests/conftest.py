@@ -60,6 +60,7 @@ TIERS = {
     "test_webapp": "browser",
     "test_distributed": "distributed",
     "test_audio": "audio",
+    "test_realtime": "audio",
 }
 
 

@@ -343,7 +343,8 @@ class APIHandler(BaseHTTPRequestHandler):
         elif path in self.app.routes.sockets:
             raise ServiceError(
                 ErrorKind.METHOD_NOT_ALLOWED,
-                f"GET {path} opens a WebSocket (send Upgrade: websocket); POST creates a response.",
+                f"GET {path} opens a WebSocket (send Upgrade: websocket)"
+                + ("; POST creates a response." if path in self.app.routes.post else "."),
                 code="method_not_allowed",
             )
         else:

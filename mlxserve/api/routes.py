@@ -36,6 +36,7 @@ from mlxserve.api.openai.embeddings import EmbeddingEndpoints
 from mlxserve.api.openai.endpoints import OpenAIEndpoints
 from mlxserve.api.openai.errors import error_reply as openai_error
 from mlxserve.api.openai.tokenize import TokenizeEndpoints
+from mlxserve.api.realtime.session import RealtimeSession
 from mlxserve.api.rerank.endpoints import RerankEndpoints
 from mlxserve.api.responder import RawReply, Responder
 from mlxserve.api.responses.conversations import is_conversation_path
@@ -58,6 +59,7 @@ MESSAGES_PATHS = ("/v1/messages", "/messages")
 COUNT_TOKENS_PATHS = ("/v1/messages/count_tokens", "/messages/count_tokens")
 ANTHROPIC_PATHS = MESSAGES_PATHS + COUNT_TOKENS_PATHS
 RESPONSES_PATHS = ("/v1/responses", "/responses")
+REALTIME_PATHS = ("/v1/realtime", "/realtime")  # a WebSocket only
 COMPACT_PATHS = ("/v1/responses/compact", "/responses/compact")
 RESPONSE_PREFIXES = ("/v1/responses/", "/responses/")  # + {id}, or {id}/input_items
 EMBEDDINGS_PATHS = ("/v1/embeddings", "/embeddings")
@@ -221,6 +223,7 @@ class Routes:
             path: attrgetter(endpoint)(self) for paths, endpoint in POST_ROUTES for path in paths
         }
         self.sockets = {path: self._responses_socket for path in RESPONSES_PATHS}
+        self.sockets.update({path: self._realtime_socket for path in REALTIME_PATHS})
         # Batch lines run through the endpoints a client's request of their kind takes.
         lines = {path: self.post[path] for path in (*BATCH_ENDPOINTS, MESSAGES)}
         outputs: dict[str, Outputs] = {"openai": output_files}
@@ -237,6 +240,9 @@ class Routes:
 
     def _responses_socket(self, socket_: WebSocket, turn) -> None:
         ResponsesSocket(self.responses, socket_, turn, openai_error).serve()
+
+    def _realtime_socket(self, socket_: WebSocket, turn) -> None:
+        RealtimeSession(self.service, socket_, turn).serve()
 
     def body_limit(self, path: str) -> int:
         """The largest body a POST to `path` may send: an audio upload's is the audio

@@ -79,7 +79,12 @@ class ClosedSocket(Exception):
 class WebSocket:
     """One open WebSocket: messages in (`receive`), JSON text frames out (`send_json`)."""
 
-    def __init__(self, protocol: ServerProtocol, connection: socket.socket, idle: float):
+    def __init__(
+        self, protocol: ServerProtocol, connection: socket.socket, idle: float, path: str = ""
+    ):
+        self.path = path  # the request's target, its query included
+        # a session may send from a thread of its own while the connection's reads
+        self._lock = threading.RLock()
         self._protocol = protocol
         self._connection = connection
         self._idle = idle
@@ -110,7 +115,7 @@ class WebSocket:
             reason = protocol.handshake_exc or "not a WebSocket handshake"
             raise bad_request(f"The WebSocket handshake failed: {reason}.")
         protocol.send_response(response)
-        socket_ = cls(protocol, connection, idle)
+        socket_ = cls(protocol, connection, idle, path)
         socket_._flush()
         socket_._take_buffered(reader)
         return socket_
@@ -174,23 +179,27 @@ class WebSocket:
 
     def send_json(self, payload: dict) -> None:
         """One text frame; ClosedSocket when the connection is closed."""
-        if self.closed:
-            raise ClosedSocket
-        self._protocol.send_text(json.dumps(payload, ensure_ascii=False).encode("utf-8"))
-        self._flush()
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        with self._lock:
+            if self.closed:
+                raise ClosedSocket
+            self._protocol.send_text(data)
+            self._flush()
 
     def ping(self) -> None:
         """A keepalive while a long prompt is read (the client's library answers it)."""
-        if not self.closed:
-            self._protocol.send_ping(b"")
-            self._flush()
+        with self._lock:
+            if not self.closed:
+                self._protocol.send_ping(b"")
+                self._flush()
 
     def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
         """The closing handshake: our close frame, the client's answer (briefly awaited),
         then the end of the TCP connection."""
-        if self._protocol.state is State.OPEN:
-            self._protocol.send_close(code, reason)
-            self._flush()
+        with self._lock:
+            if self._protocol.state is State.OPEN:
+                self._protocol.send_close(code, reason)
+                self._flush()
         self._connection.settimeout(CLOSING_SECONDS)
         try:
             while self._protocol.state is not State.CLOSED:
@@ -210,14 +219,15 @@ class WebSocket:
             self._feed(reader.read(len(buffered)))
 
     def _feed(self, data: bytes) -> None:
-        if data:
-            self._protocol.receive_data(data)
-        else:
-            self._protocol.receive_eof()
-        for event in self._protocol.events_received():
-            if isinstance(event, Frame):
-                self._frame(event)
-        self._flush()
+        with self._lock:
+            if data:
+                self._protocol.receive_data(data)
+            else:
+                self._protocol.receive_eof()
+            for event in self._protocol.events_received():
+                if isinstance(event, Frame):
+                    self._frame(event)
+            self._flush()
 
     def _frame(self, frame: Frame) -> None:
         """Data frames assembled into messages (control frames the protocol answers)."""
@@ -250,9 +260,10 @@ class WebSocket:
 
     def _abort(self) -> None:
         """The connection broke: nothing more can be read or sent."""
-        if self._protocol.state is not State.CLOSED:
-            self._protocol.receive_eof()
-            self._protocol.data_to_send()  # nothing can go out now
+        with self._lock:
+            if self._protocol.state is not State.CLOSED:
+                self._protocol.receive_eof()
+                self._protocol.data_to_send()  # nothing can go out now
 
 
 class SocketEvents(Paced):

@@ -105,6 +105,56 @@ def _pcm16(samples: np.ndarray) -> np.ndarray:
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
 
 
+def pcm16_bytes(samples: np.ndarray) -> bytes:
+    """Float32 samples as raw signed 16-bit little-endian (the Realtime API's audio/pcm)."""
+    return _pcm16(samples).tobytes()
+
+
+def pcm16_samples(data: bytes) -> np.ndarray:
+    """Raw signed 16-bit little-endian audio as float32 samples; a 400 for an odd length."""
+    if len(data) % 2:
+        raise bad_request("16-bit PCM audio must be an even number of bytes.", "audio")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+class Resampler:
+    """Mono float32 samples from one rate to another, a piece at a time: the filter's
+    state carries across pieces, so a stream resampled in parts equals it resampled whole."""
+
+    def __init__(self, rate: int, to: int):
+        import av
+
+        self._rate = rate
+        self._same = rate == to
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=to)
+
+    def __call__(self, samples: np.ndarray) -> np.ndarray:
+        if self._same or samples.size == 0:
+            return samples.astype(np.float32)
+        import av
+
+        frame = av.AudioFrame.from_ndarray(
+            samples.astype(np.float32)[None], format="flt", layout="mono"
+        )
+        frame.sample_rate = self._rate
+        return _joined(self._resampler.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        """What the filter still holds, at the end of the stream."""
+        return np.zeros(0, np.float32) if self._same else _joined(self._resampler.resample(None))
+
+
+def resample(samples: np.ndarray, rate: int, to: int) -> np.ndarray:
+    """A whole clip at another rate."""
+    resampler = Resampler(rate, to)
+    return np.concatenate([resampler(samples), resampler.flush()])
+
+
+def _joined(frames) -> np.ndarray:
+    parts = [f.to_ndarray().reshape(-1) for f in frames]
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
 class _Sink(io.RawIOBase):
     """A write-only file PyAV muxes into; what was written is taken as it comes. A
     container that seeks back to finish its header (wav) rewrites bytes still held."""

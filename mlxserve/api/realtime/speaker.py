@@ -1,0 +1,68 @@
+"""An answer's speech while it is still being written: the text is cut at sentence ends
+and each sentence synthesised as soon as it is complete, its audio resampled to the
+session's 24 kHz pcm16."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlxserve.api.realtime.wire import RATE
+from mlxserve.audio.codec import Resampler
+from mlxserve.audio.service import synthesize
+from mlxserve.audio.speech import SpeechRequest
+from mlxserve.engine.worker import GenerationWorker
+from mlxserve.models.provider import ModelSpec
+
+# A sentence ends at . ! ? ; : (then a space) or a line break.
+SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
+CHUNK_SAMPLES = RATE // 5  # 200 ms an audio delta
+
+
+@dataclass(frozen=True)
+class Voice:
+    """The speech model a session speaks with, and how."""
+
+    worker: GenerationWorker
+    spec: ModelSpec
+    name: str  # the model's served name
+    voice: str
+    speed: float
+
+
+class Sentences:
+    """Text in as it streams; whole sentences out (the rest at the end)."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> list[str]:
+        self._held += text
+        ends = list(SENTENCE_END.finditer(self._held))
+        if not ends:
+            return []
+        cut = ends[-1].end()
+        done, self._held = self._held[:cut], self._held[cut:]
+        return [done]
+
+    def rest(self) -> list[str]:
+        done, self._held = self._held, ""
+        return [done] if done.strip() else []
+
+
+def speak(voice: Voice, text: str, gone: Callable[[], bool]) -> Iterator[np.ndarray]:
+    """`text`'s speech at 24 kHz, a piece of at most CHUNK_SAMPLES at a time."""
+    request = SpeechRequest(voice.name, text.strip(), voice.voice, voice.speed)
+    rate, parts = synthesize(voice.worker, voice.spec, request, gone)
+    resampler = Resampler(rate, RATE)
+    for part in parts:
+        yield from _pieces(resampler(part))
+    yield from _pieces(resampler.flush())
+
+
+def _pieces(samples: np.ndarray) -> Iterator[np.ndarray]:
+    for start in range(0, samples.size, CHUNK_SAMPLES):
+        yield samples[start : start + CHUNK_SAMPLES]
