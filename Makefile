@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys bench-ollama bench-responses-socket clean
+.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys bench-ollama bench-responses-socket bench-realtime clean
 
 # What `make run` needs: the package, its runtime dependencies and OpenBLAS.
 install: $(VENV)/.installed
@@ -133,6 +133,9 @@ bench-load-gap: install-dev
 
 bench-responses-socket: install-dev
 	$(WITH_BLAS) $(PY) bench/responses_socket.py $(ARGS)
+
+bench-realtime: install-dev speech
+	$(WITH_BLAS) $(PY) bench/realtime.py $(ARGS)
 
 bench-vlm: install-dev
 	$(WITH_BLAS) $(PY) bench/vlm.py $(ARGS)

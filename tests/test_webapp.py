@@ -5,18 +5,24 @@ square's colour). A failed test leaves a screenshot in test-screenshots/."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
+from audio_fixture import UTTERANCES, speak
 from conversations import COLOUR_QUESTION, square_png
 from helpers.server import start_server
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
+from mlxserve.api.realtime.wire import DEFAULT_INSTRUCTIONS
+from mlxserve.audio.codec import decode, pcm16_bytes
 from mlxserve.keys.records import KeyRecord
 from mlxserve.keys.store import KeyStore
 
@@ -275,3 +281,75 @@ def test_the_status_page_shows_a_keys_usage_and_only_its_own(page, launch, tiny_
     expect(rows.first.locator("td").nth(2)).to_have_text("1")  # one request
     expect(page.locator("#usage-note")).to_be_hidden()
     expect(page.locator("#recent-table tbody tr")).to_have_count(1)  # not the other key's
+
+
+def test_talk_hears_the_microphone_and_speaks_the_answer(
+    playwright, launch, tiny_model, whisper_model, kitten_model, tmp_path
+):
+    """The Talk button over /v1/realtime, in a chromium whose microphone plays an espeak
+    recording: the user's words appear as Whisper heard them, the answer as the chat model
+    gives them, spoken (its first audio and length in the figures); the Status page counts
+    the open session."""
+    models = ("--model", str(whisper_model), "--model", str(kitten_model))
+    srv = launch(tiny_model, *models, "--api-key", KEY)  # the browser's key: a subprotocol
+    microphone = tmp_path / "microphone.wav"
+    microphone.write_bytes(padded_wav(UTTERANCES[0]))
+    system = shutil.which("chromium")
+    args = [
+        "--no-sandbox",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={microphone}%noloop",
+    ]
+    browser = playwright.chromium.launch(executable_path=system, args=args)
+    try:
+        context = browser.new_context(permissions=["microphone"])
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        sign_in(page, srv)
+        page.select_option("#model-select", str(tiny_model))
+        page.click("#talk")
+        expect(page.locator("#talk")).to_have_text("Stop talking")
+        expect(page.locator(".message.user")).to_have_text(UTTERANCES[0], timeout=ANSWER_SECONDS)
+        _, _, reply = srv.post(
+            "/v1/chat/completions",
+            {
+                "model": str(tiny_model),
+                "messages": [
+                    {"role": "system", "content": DEFAULT_INSTRUCTIONS},
+                    {"role": "user", "content": UTTERANCES[0]},
+                ],
+            },
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
+        expected = reply["choices"][0]["message"]["content"]
+        answer = page.locator(".message.assistant")
+        expect(answer.locator(".stats")).to_contain_text("spoken", timeout=ANSWER_SECONDS)
+        shown = answer.locator(".content").inner_text()
+        assert shown.split() and "".join(shown.split()) == "".join(expected.split())
+        stats = answer.locator(".stats").inner_text()
+        assert "first audio" in stats and "spoken 0.0 s" not in stats, stats
+        page.click("button[data-page=status]")
+        expect(page.locator("#sockets")).to_have_text("1")
+        page.click("button[data-page=chat]")
+        page.click("#talk")
+        expect(page.locator("#talk")).to_have_text("Talk")
+        assert errors == [], errors
+    finally:
+        browser.close()
+
+
+def padded_wav(text: str) -> bytes:
+    """`text` spoken by espeak-ng as a 48 kHz 16-bit wav, with a second of silence before
+    and three after (the voice detector's end of turn)."""
+    rate = 48_000
+    voice = decode(speak(text), rate)
+    samples = np.concatenate([np.zeros(rate, np.float32), voice, np.zeros(3 * rate, np.float32)])
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm16_bytes(samples))
+    return out.getvalue()

@@ -89,9 +89,13 @@ class RealtimeSession:
         query = parse_qs(urlsplit(self._socket.path).query)
         named = query.get("model")
         requested = named[0] if named else None
-        spec = self._service.resolve_kind(
-            requested, "chat", "it cannot hold a conversation", "model_not_chat"
-        )
+        spec = self._service.resolve(requested)
+        if not spec.generative:  # chat and vision models (an adapter is its base's kind)
+            raise bad_request(
+                f"The model '{requested}' is a {spec.kind} model; it cannot hold a conversation.",
+                "model",
+                "model_not_chat",
+            )
         name = self._service.provider.name(spec)
         return SessionSettings(requested or name, self._served("speech") is not None)
 

@@ -19,6 +19,9 @@ from mlxserve.models.provider import ModelSpec
 
 # A sentence ends at . ! ? ; : (then a space) or a line break.
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
+# Text that runs on longer without one is spoken from its last space: speech starts
+# without waiting for the end of a run-on sentence (or of an answer that has none).
+LONGEST_PIECE = 200
 CHUNK_SAMPLES = RATE // 5  # 200 ms an audio delta
 
 
@@ -34,7 +37,8 @@ class Voice:
 
 
 class Sentences:
-    """Text in as it streams; whole sentences out (the rest at the end)."""
+    """Text in as it streams; whole sentences out (the rest at the end). The pieces
+    are the text in order, nothing dropped."""
 
     def __init__(self) -> None:
         self._held = ""
@@ -42,9 +46,12 @@ class Sentences:
     def feed(self, text: str) -> list[str]:
         self._held += text
         ends = list(SENTENCE_END.finditer(self._held))
-        if not ends:
+        if ends:
+            cut = ends[-1].end()
+        elif len(self._held) > LONGEST_PIECE and " " in self._held.strip():
+            cut = self._held.rstrip().rindex(" ") + 1
+        else:
             return []
-        cut = ends[-1].end()
         done, self._held = self._held[:cut], self._held[cut:]
         return [done]
 

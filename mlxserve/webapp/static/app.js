@@ -5,7 +5,7 @@
 const KEY_STORE = "mlxserve.apiKey";
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
-const state = { models: [], history: [], attachments: [], controller: null, page: "chat", timer: null };
+const state = { models: [], history: [], attachments: [], controller: null, page: "chat", timer: null, talk: null };
 
 // ---------------------------------------------------------------------------- plumbing
 
@@ -138,6 +138,9 @@ function updateAttach() {
   const draws = Boolean(model && model.kind === "image");
   $("attach-label").hidden = draws || !(model && model.input_modalities.includes("image"));
   $("image-size-label").hidden = !draws;
+  // a voice session needs a transcription and a speech model beside the chat model
+  const kinds = new Set(state.models.map((m) => m.kind));
+  $("talk").hidden = draws || !model || !kinds.has("transcription") || !kinds.has("speech");
   $("prompt").placeholder = draws
     ? "Describe an image to draw (Enter sends)"
     : "Send a message (Enter sends, Shift+Enter for a new line)";
@@ -492,6 +495,10 @@ function start() {
   });
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   $("attach").addEventListener("change", attach);
+  $("talk").addEventListener("click", () => {
+    if (state.talk) state.talk.stop();
+    else state.talk = new Talk($("model-select").value, state.history, $("system-prompt").value.trim(), () => { state.talk = null; });
+  });
   $("model-select").addEventListener("change", updateAttach);
   $("new-chat").addEventListener("click", () => {
     state.history = [];
