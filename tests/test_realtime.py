@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import time
 
 import numpy as np
 import openai
@@ -395,6 +397,16 @@ def test_mistakes_are_error_events_and_the_session_goes_on(server, connect, tiny
             "session.audio.input.turn_detection.server_vad.threshold",
             None,
         ),
+        (
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+                }
+            ),
+            "session.audio.input.format.type",
+            None,
+        ),
         (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}), "audio", None),
         (
             json.dumps(
@@ -435,3 +447,45 @@ def test_an_unknown_model_is_an_error_then_a_close(server):
         "/v1/chat/completions", {"messages": [{"role": "user", "content": "Still here?"}]}
     )
     assert status == 200
+
+
+def test_a_client_that_leaves_ends_its_response(server, connect):
+    """The looper writes on until its client hangs up without a closing handshake: then
+    its generation stops, and the server serves the next request."""
+    session = connect(looper_model("byte_level"))
+    session.send({"type": "session.update", "session": TEXT_ONLY})
+    session.next()
+    session.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Go."}],
+            },
+        }
+    )
+    session.until("conversation.item.done")
+    session.send({"type": "response.create"})
+    session.until("response.output_text.delta")
+    assert running(server) == 1
+    raw = session.connection._connection.socket
+    raw.shutdown(socket.SHUT_RDWR)
+    raw.close()
+    deadline = time.monotonic() + 30
+    while running(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running(server) == 0
+    _, _, body = server.get("/v1/status")
+    ended = next(r for r in body["recent"] if r["path"] == "/v1/realtime")
+    assert 0 < ended["completion_tokens"] < 2000, ended  # alone, it fills its 4,096
+    status, _, _ = server.post(
+        "/v1/chat/completions", {"messages": [{"role": "user", "content": "Still here?"}]}
+    )
+    assert status == 200
+
+
+def running(server) -> int:
+    status, _, body = server.get("/v1/status")
+    assert status == 200
+    return body["requests"]["running"]
