@@ -396,6 +396,18 @@ class ServerConfig:
         group=MEDIA,
         help="largest audio file a transcription may upload",
     )
+    realtime_transcription_model: str | None = setting(
+        None,
+        group=MEDIA,
+        shown_default="the first transcription model served",
+        help="the model a Realtime session hears audio with (a served name; a session may name another in `audio.input.transcription.model`)",
+    )
+    realtime_speech_model: str | None = setting(
+        None,
+        group=MEDIA,
+        shown_default="the first speech model served",
+        help="the model a Realtime session speaks with (a served name)",
+    )
     max_image_pixels: int = setting(
         2048 * 2048,
         parse=positive_int,

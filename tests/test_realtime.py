@@ -489,3 +489,20 @@ def running(server) -> int:
     status, _, body = server.get("/v1/status")
     assert status == 200
     return body["requests"]["running"]
+
+
+def test_the_settings_name_the_sessions_audio_models(launch, tiny_model, whisper_model):
+    """--realtime-speech-model names the voice: here a model that cannot speak, which a
+    response asking for audio is told, by name."""
+    srv = launch(
+        tiny_model, "--model", str(whisper_model), "--realtime-speech-model", str(whisper_model)
+    )
+    client = openai.OpenAI(base_url=srv.base_url, api_key="none")
+    with client.realtime.connect(model=str(tiny_model)) as connection:
+        session = Session(connection)
+        created = session.next()["session"]
+        assert created["output_modalities"] == ["audio"]
+        session.send({"type": "response.create"})
+        error = session.next()
+        assert error["type"] == "error" and error["error"]["code"] == "model_not_speech"
+        assert str(whisper_model) in error["error"]["message"]

@@ -105,7 +105,15 @@ class RealtimeSession:
         return self._socket.closed
 
     def _served(self, kind: str) -> str | None:
-        """The first model the server lists of `kind`."""
+        """The session's model of `kind` (transcription, speech): the one the settings
+        name, else the first the server lists."""
+        config = self._service.config
+        named = {
+            "transcription": config.realtime_transcription_model,
+            "speech": config.realtime_speech_model,
+        }[kind]
+        if named is not None:
+            return named
         return next(
             (name for name, spec in self._service.provider.listed().items() if spec.kind == kind),
             None,
@@ -321,9 +329,12 @@ class RealtimeSession:
         if "audio" in modalities:
             name = self._served("speech")
             assert name is not None  # check_modalities
+            spec = self._service.resolve_kind(
+                name, "speech", "it does not synthesise speech", "model_not_speech"
+            )
             voice = Voice(
                 self._service.worker,
-                self._service.resolve(name),
+                spec,
                 name,
                 (output.voice if output and output.voice else None) or settings.voice,
                 (output.speed if output and output.speed else None) or settings.speed,
