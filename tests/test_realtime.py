@@ -27,6 +27,10 @@ from mlxserve.audio.codec import decode, pcm16_bytes, pcm16_samples
 EVENTS = TypeAdapter(RealtimeServerEvent)
 RATE = 24_000
 TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"]}
+# Every session answers greedily and briefly (the beta's temperature, served), as
+# chat_reply asks Chat Completions to: the same reply, and no answer runs on for minutes.
+GREEDY = {"type": "realtime", "temperature": 0, "max_output_tokens": 100}
+ENDLESS = {**TEXT_ONLY, "max_output_tokens": "inf"}  # the looper, until it is stopped
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +91,8 @@ def connect(server):
         opened.append(manager)
         session = Session(manager.enter())
         assert session.next()["type"] == "session.created"
+        session.send({"type": "session.update", "session": GREEDY})
+        assert session.next()["type"] == "session.updated"
         return session
 
     yield open_session
@@ -104,7 +110,8 @@ def spoken(text: str, lead_s: float = 0.5, tail_s: float = 1.0) -> np.ndarray:
 
 def chat_reply(server, model, messages, **fields) -> dict:
     status, _, body = server.post(
-        "/v1/chat/completions", {"model": str(model), "messages": messages, **fields}
+        "/v1/chat/completions",
+        {"model": str(model), "messages": messages, "temperature": 0, "max_tokens": 100, **fields},
     )
     assert status == 200, body
     return body
@@ -291,7 +298,7 @@ def test_speech_over_a_response_cancels_it(server, connect):
     """Barge-in: the looper writes on and on; the user's voice stops it (turn_detected),
     its item ends incomplete, and the new turn is answered. response.cancel stops one too."""
     session = connect(looper_model("byte_level"))
-    session.send({"type": "session.update", "session": TEXT_ONLY})
+    session.send({"type": "session.update", "session": ENDLESS})
     session.next()
     session.send(
         {
@@ -453,7 +460,7 @@ def test_a_client_that_leaves_ends_its_response(server, connect):
     """The looper writes on until its client hangs up without a closing handshake: then
     its generation stops, and the server serves the next request."""
     session = connect(looper_model("byte_level"))
-    session.send({"type": "session.update", "session": TEXT_ONLY})
+    session.send({"type": "session.update", "session": ENDLESS})
     session.next()
     session.send(
         {

@@ -309,6 +309,8 @@ def test_talk_hears_the_microphone_and_speaks_the_answer(
         page.on("pageerror", lambda error: errors.append(str(error)))
         sign_in(page, srv)
         page.select_option("#model-select", str(tiny_model))
+        page.click("#settings summary")
+        page.fill("#temperature", "0")  # Talk keeps the chat page's settings
         page.click("#talk")
         expect(page.locator("#talk")).to_have_text("Stop talking")
         expect(page.locator(".message.user")).to_have_text(UTTERANCES[0], timeout=ANSWER_SECONDS)
@@ -320,6 +322,7 @@ def test_talk_hears_the_microphone_and_speaks_the_answer(
                     {"role": "system", "content": DEFAULT_INSTRUCTIONS},
                     {"role": "user", "content": UTTERANCES[0]},
                 ],
+                "temperature": 0,
             },
             headers={"Authorization": f"Bearer {KEY}"},
         )

@@ -48,6 +48,7 @@ class Synthesizer:
     def __init__(self, model: Any, path: Path):
         self.model = model
         self._path = path
+        self._told: set[str] = set()  # OpenAI's voices whose stand-in was logged
 
     def parameters(self) -> dict:
         """The weights (what residency counts)."""
@@ -78,7 +79,9 @@ class Synthesizer:
         if not voices or given in voices:
             return given
         if given in OPENAI_VOICES:
-            log.info("Voice %r is OpenAI's: speaking with this model's %r", given, voices[0])
+            if given not in self._told:  # once: a live session asks for every sentence
+                self._told.add(given)
+                log.info("Voice %r is OpenAI's: speaking with this model's %r", given, voices[0])
             return voices[0]
         raise bad_request(
             f"Unknown voice '{given}'. This model's voices: {', '.join(voices)}.", "voice"

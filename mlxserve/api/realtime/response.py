@@ -80,6 +80,7 @@ class ResponseRun:
         self._output: list[dict] = []
         self._open: _Output | None = None
         self._audio_ms = 0  # of the open item's audio
+        self._silent = False  # nothing more is spoken (the response failed)
 
     def cancel(self, reason: str) -> None:
         """From the connection's thread: end at the next step, keep what was said."""
@@ -97,6 +98,8 @@ class ResponseRun:
         try:
             with self._turn():
                 usage, status, details = self._generate()
+            if self._cancelled is None:  # the last words are spoken before it closes
+                self._close_item("completed" if status == "completed" else "incomplete")
         except ServiceError as e:
             status, details = "failed", {"type": "failed", "error": _error(e)}
             self._send({"type": "error", "error": _error(e)})
@@ -107,7 +110,8 @@ class ResponseRun:
             status, details = "failed", {"type": "failed", "error": {"message": str(e)}}
         if self._cancelled is not None:
             status, details = "cancelled", {"type": "cancelled", "reason": self._cancelled}
-        self._close_item("incomplete" if status != "completed" else "completed")
+        self._silent = True  # an item a failure left open closes without more speech
+        self._close_item("incomplete")
         response = self._response(status, usage)
         response["status_details"] = details
         self._send({"type": "response.done", "response": response})
@@ -124,8 +128,6 @@ class ResponseRun:
                     self._event(event)
             if step.finished:
                 finish = step.choice.finish_reason
-        if self._open is not None and self._cancelled is None:
-            self._speak(self._open.sentences.rest())
         if finish == "length" and self._cancelled is None:
             return run.usage, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
         return run.usage, "completed", None
@@ -199,7 +201,7 @@ class ResponseRun:
             {"type": f"response.{kind}.delta", **self._where(), "content_index": 0, "delta": text}
         )
         if self._audio:
-            self._speak(self._open.sentences.feed(text))
+            self._speak(self._open, self._open.sentences.feed(text))
 
     @property
     def _audio(self) -> bool:
@@ -252,37 +254,48 @@ class ResponseRun:
                 {"type": "conversation.item.added", "previous_item_id": previous, "item": item}
             )
 
-    def _speak(self, sentences: list[str]) -> None:
-        voice, out = self.plan.voice, self._open
-        assert out is not None
+    def _speak(self, out: _Output, sentences: list[str]) -> None:
+        voice = self.plan.voice
         for sentence in sentences:
             if voice is None or self._cancelled is not None:
                 return
-            for samples in speak(voice, sentence, self._gone):
-                if self._cancelled is not None:
-                    break  # the sentence was cut: what was sent is what was said
-                self._audio_ms += samples.size * 1000 // RATE
-                delta = base64.b64encode(pcm16_bytes(samples)).decode("ascii")
-                self._send(
-                    {
-                        "type": "response.output_audio.delta",
-                        **self._where(),
-                        "content_index": 0,
-                        "delta": delta,
-                    }
-                )
+            try:
+                self._say(out, voice, sentence)
+            except (ClientGone, ServiceError):
+                raise
+            except Exception:  # the speech model failed on this text: the rest goes on
+                log.warning("could not speak %r", sentence, exc_info=True)
             said = out.spoken.text_ends[-1] if out.spoken.text_ends else 0
             out.spoken.text_ends.append(said + len(sentence))  # sentences are the text in order
             out.spoken.audio_ends.append(self._audio_ms)
+
+    def _say(self, out: _Output, voice: Voice, sentence: str) -> None:
+        for samples in speak(voice, sentence, self._gone):
+            if self._cancelled is not None:
+                return  # the sentence was cut: what was sent is what was said
+            self._audio_ms += samples.size * 1000 // RATE
+            delta = base64.b64encode(pcm16_bytes(samples)).decode("ascii")
+            self._send(
+                {
+                    "type": "response.output_audio.delta",
+                    **_where(self.id, out),
+                    "content_index": 0,
+                    "delta": delta,
+                }
+            )
 
     def _close_item(self, status: str) -> None:
         out, self._open = self._open, None
         if out is None:
             return
-        item, where = (
-            out.item,
-            {"response_id": self.id, "item_id": out.item["id"], "output_index": out.index},
-        )
+        if (
+            self._audio
+            and out.item["type"] == "message"
+            and not self._cancelled
+            and not self._silent
+        ):
+            self._speak(out, out.sentences.rest())  # what the last sentence end left
+        item, where = out.item, _where(self.id, out)
         if item["type"] == "function_call":
             self._send(
                 {
@@ -335,11 +348,7 @@ class ResponseRun:
 
     def _where(self) -> dict:
         assert self._open is not None
-        return {
-            "response_id": self.id,
-            "item_id": self._open.item["id"],
-            "output_index": self._open.index,
-        }
+        return _where(self.id, self._open)
 
     def _response(self, status: str, usage: Usage | None = None) -> dict:
         plan = self.plan
@@ -362,6 +371,11 @@ class ResponseRun:
             "usage": None if usage is None else _usage(usage),
             "metadata": plan.metadata,
         }
+
+
+def _where(response_id: str, out: _Output) -> dict:
+    """The fields that place an event in its response: the response, item, output index."""
+    return {"response_id": response_id, "item_id": out.item["id"], "output_index": out.index}
 
 
 def _usage(usage: Usage) -> dict:

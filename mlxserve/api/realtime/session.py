@@ -315,6 +315,8 @@ class RealtimeSession:
     def _run(self, run: ResponseRun) -> None:
         try:
             run.run()
+        except Exception:  # a bug: told in the log, the session goes on
+            log.exception("unhandled error in a Realtime response")
         finally:
             if self._active is run:
                 self._active = None

@@ -61,7 +61,10 @@ class Sentences:
 
 
 def speak(voice: Voice, text: str, gone: Callable[[], bool]) -> Iterator[np.ndarray]:
-    """`text`'s speech at 24 kHz, a piece of at most CHUNK_SAMPLES at a time."""
+    """`text`'s speech at 24 kHz, a piece of at most CHUNK_SAMPLES at a time; nothing for
+    a piece with nothing to say (punctuation, a quote: KittenTTS fails on those)."""
+    if not any(c.isalnum() for c in text):
+        return
     request = SpeechRequest(voice.name, text.strip(), voice.voice, voice.speed)
     rate, parts = synthesize(voice.worker, voice.spec, request, gone)
     resampler = Resampler(rate, RATE)
