@@ -66,7 +66,8 @@ def wav(samples: np.ndarray) -> bytes:
 
 
 def chain(port: int, chat: str, voice: np.ndarray, tokens: int) -> tuple[float, float]:
-    """(first audio byte, last) in seconds after the speech ended, over three calls (the
+    """(first audio byte, last) in seconds after the speech ended, and the audio's
+    seconds, over three calls (the
     transcription and speech models named: the chat model is the server's default)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     started = time.perf_counter()
@@ -94,6 +95,7 @@ def chain(port: int, chat: str, voice: np.ndarray, tokens: int) -> tuple[float, 
     connection.request("POST", "/v1/chat/completions", json.dumps(body))
     answer = json.loads(connection.getresponse().read())["choices"][0]["message"]["content"]
     body = {
+        "model": SPEAKING,
         "input": answer[:4096] or ".",
         "voice": "alloy",
         "response_format": "pcm",
@@ -101,14 +103,16 @@ def chain(port: int, chat: str, voice: np.ndarray, tokens: int) -> tuple[float, 
     }
     connection.request("POST", "/v1/audio/speech", json.dumps(body))
     response = connection.getresponse()
-    response.read1(1)
+    assert response.status == 200, response.read()
+    audio = response.read1(1)
     first = time.perf_counter() - started
-    response.read()
-    return first, time.perf_counter() - started
+    audio += response.read()
+    return first, time.perf_counter() - started, len(audio) / 2 / RATE
 
 
 def realtime(port: int, chat: str, voice: np.ndarray, tokens: int, vad: bool):
-    """(first audio byte, last) in seconds after the speech ended, over /v1/realtime."""
+    """(first audio byte, last) in seconds after the speech ended, and the audio's
+    seconds, over /v1/realtime."""
     with connect(f"ws://127.0.0.1:{port}/v1/realtime?model={chat}", max_size=None) as ws:
         assert json.loads(ws.recv())["type"] == "session.created"
         detection = {"type": "server_vad", "silence_duration_ms": 500} if vad else None
@@ -132,15 +136,17 @@ def realtime(port: int, chat: str, voice: np.ndarray, tokens: int, vad: bool):
         if not vad:
             ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             ws.send(json.dumps({"type": "response.create"}))
-        first = None
+        first, samples = None, 0
         while True:
             event = json.loads(ws.recv())
             assert event["type"] != "error", event
-            if event["type"] == "response.output_audio.delta" and first is None:
-                first = time.perf_counter() - ended
+            if event["type"] == "response.output_audio.delta":
+                samples += len(base64.b64decode(event["delta"])) // 2
+                if first is None:
+                    first = time.perf_counter() - ended
             if event["type"] == "response.done":
                 assert first is not None, event
-                return first, time.perf_counter() - ended
+                return first, time.perf_counter() - ended, samples / RATE
 
 
 def main() -> None:
@@ -173,10 +179,12 @@ def main() -> None:
     finally:
         target.stop()
     print(f"{'':24s} first audio   last audio  (s after the speech ended, median of {ROUNDS})")
+    print(f"{'':24s} {'':10s}   {'':10s}   audio s (how much was spoken)")
     medians = {}
     for name, rows in results.items():
-        medians[name] = [statistics.median(r[k] for r in rows) for k in (0, 1)]
-        print(f"{name:24s} {medians[name][0]:10.3f}   {medians[name][1]:10.3f}")
+        medians[name] = [statistics.median(r[k] for r in rows) for k in (0, 1, 2)]
+        first, last, spoken = medians[name]
+        print(f"{name:24s} {first:10.3f}   {last:10.3f}   {spoken:7.1f}")
     for name in list(paths)[1:]:
         print(f"{name} / chain, first audio: {medians[name][0] / medians['chain'][0]:.2f}x")
 

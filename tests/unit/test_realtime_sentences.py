@@ -3,7 +3,7 @@ text from its last space, nothing dropped, and no synthesis for a piece with no 
 
 from __future__ import annotations
 
-from mlxserve.api.realtime.speaker import LONGEST_PIECE, Sentences, speak
+from mlxserve.api.realtime.speaker import LONGEST_FIRST_PIECE, LONGEST_PIECE, Sentences, speak
 
 
 def pieces(text: str, step: int) -> list[str]:
@@ -32,6 +32,7 @@ def test_run_on_text_is_cut_at_its_last_space():
     text = "word " * 100
     got = pieces(text, 5)
     assert "".join(got) == text
+    assert len(got[0]) <= LONGEST_FIRST_PIECE + 5  # the first is what the user waits for
     assert all(len(piece) <= LONGEST_PIECE + 5 for piece in got) and len(got) > 2
 
 

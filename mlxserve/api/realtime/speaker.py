@@ -20,8 +20,10 @@ from mlxserve.models.provider import ModelSpec
 # A sentence ends at . ! ? ; : (then a space) or a line break.
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
 # Text that runs on longer without one is spoken from its last space: speech starts
-# without waiting for the end of a run-on sentence (or of an answer that has none).
+# without waiting for the end of a run-on sentence (or of an answer that has none). The
+# first piece is cut shorter: it is what the user waits for.
 LONGEST_PIECE = 200
+LONGEST_FIRST_PIECE = 60
 CHUNK_SAMPLES = RATE // 5  # 200 ms an audio delta
 
 
@@ -42,17 +44,19 @@ class Sentences:
 
     def __init__(self) -> None:
         self._held = ""
+        self._longest = LONGEST_FIRST_PIECE
 
     def feed(self, text: str) -> list[str]:
         self._held += text
         ends = list(SENTENCE_END.finditer(self._held))
         if ends:
             cut = ends[-1].end()
-        elif len(self._held) > LONGEST_PIECE and " " in self._held.strip():
+        elif len(self._held) > self._longest and " " in self._held.strip():
             cut = self._held.rstrip().rindex(" ") + 1
         else:
             return []
         done, self._held = self._held[:cut], self._held[cut:]
+        self._longest = LONGEST_PIECE
         return [done]
 
     def rest(self) -> list[str]:
