@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import base64
 import http.client
-import io
 import json
 import statistics
 import sys
 import time
 import uuid
-import wave
 from pathlib import Path
 
 import models
@@ -41,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fixtures"))
 import audio_fixture
 import catalog
 
-from mlxserve.audio.codec import decode, pcm16_bytes
+from mlxserve.audio.codec import decode, encode, pcm16_bytes
 
 RATE = 24_000
 ROUNDS = 3
@@ -56,13 +54,7 @@ def recording() -> np.ndarray:
 
 
 def wav(samples: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as file:
-        file.setnchannels(1)
-        file.setsampwidth(2)
-        file.setframerate(RATE)
-        file.writeframes(pcm16_bytes(samples))
-    return out.getvalue()
+    return b"".join(encode([samples], RATE, "wav"))
 
 
 def chain(port: int, chat: str, voice: np.ndarray, tokens: int) -> tuple[float, float]:

@@ -73,6 +73,16 @@ class Session:
             if events[-1]["type"] == kind:
                 return events
 
+    def say(self, text: str) -> None:
+        """A user's text item, added."""
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        }
+        self.send({"type": "conversation.item.create", "item": item})
+        self.until("conversation.item.done")
+
     def append(self, samples: np.ndarray, piece: int = RATE // 10) -> None:
         for start in range(0, samples.size, piece):
             chunk = pcm16_bytes(samples[start : start + piece])
@@ -98,6 +108,17 @@ def connect(server):
     yield open_session
     for manager in opened:
         manager.__exit__(None, None, None)
+
+
+def looping(connect) -> Session:
+    """A session on the looper, answering: it writes on until it is stopped."""
+    session = connect(looper_model("byte_level"))
+    session.send({"type": "session.update", "session": ENDLESS})
+    session.next()
+    session.say("Go.")
+    session.send({"type": "response.create"})
+    session.until("response.output_text.delta")
+    return session
 
 
 def spoken(text: str, lead_s: float = 0.5, tail_s: float = 1.0) -> np.ndarray:
@@ -224,17 +245,7 @@ def test_a_function_call_round_trip(server, connect):
     }
     session.send({"type": "session.update", "session": {**TEXT_ONLY, "tools": [tool]}})
     session.next()
-    session.send(
-        {
-            "type": "conversation.item.create",
-            "item": {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": instruction("bash")}],
-            },
-        }
-    )
-    session.until("conversation.item.done")
+    session.say(instruction("bash"))
     session.send({"type": "response.create"})
     events = session.until("response.done")
     call = next(e for e in events if e["type"] == "response.function_call_arguments.done")
@@ -297,22 +308,7 @@ def test_push_to_talk_without_turn_detection(server, connect, tiny_model):
 def test_speech_over_a_response_cancels_it(server, connect):
     """Barge-in: the looper writes on and on; the user's voice stops it (turn_detected),
     its item ends incomplete, and the new turn is answered. response.cancel stops one too."""
-    session = connect(looper_model("byte_level"))
-    session.send({"type": "session.update", "session": ENDLESS})
-    session.next()
-    session.send(
-        {
-            "type": "conversation.item.create",
-            "item": {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Go."}],
-            },
-        }
-    )
-    session.until("conversation.item.done")
-    session.send({"type": "response.create"})
-    session.until("response.output_text.delta")
+    session = looping(connect)
     session.append(spoken(UTTERANCES[2]))
     events = session.until("response.done")
     assert "input_audio_buffer.speech_started" in types(events)
@@ -335,17 +331,7 @@ def test_truncation_keeps_what_was_heard(server, connect, tiny_model):
     """conversation.item.truncate cuts an answer's transcript to the sentences whose audio
     had begun; beyond its audio is an error."""
     session = connect(tiny_model)
-    session.send(
-        {
-            "type": "conversation.item.create",
-            "item": {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": UTTERANCES[1]}],
-            },
-        }
-    )
-    session.until("conversation.item.done")
+    session.say(UTTERANCES[1])
     session.send({"type": "response.create"})
     events = session.until("response.done")
     item = events[-1]["response"]["output"][0]
@@ -459,22 +445,7 @@ def test_an_unknown_model_is_an_error_then_a_close(server):
 def test_a_client_that_leaves_ends_its_response(server, connect):
     """The looper writes on until its client hangs up without a closing handshake: then
     its generation stops, and the server serves the next request."""
-    session = connect(looper_model("byte_level"))
-    session.send({"type": "session.update", "session": ENDLESS})
-    session.next()
-    session.send(
-        {
-            "type": "conversation.item.create",
-            "item": {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Go."}],
-            },
-        }
-    )
-    session.until("conversation.item.done")
-    session.send({"type": "response.create"})
-    session.until("response.output_text.delta")
+    session = looping(connect)
     assert running(server) == 1
     raw = session.connection._connection.socket
     raw.shutdown(socket.SHUT_RDWR)

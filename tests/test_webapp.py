@@ -5,11 +5,9 @@ square's colour). A failed test leaves a screenshot in test-screenshots/."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from helpers.server import start_server
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from mlxserve.api.realtime.wire import DEFAULT_INSTRUCTIONS
-from mlxserve.audio.codec import decode, pcm16_bytes
+from mlxserve.audio.codec import decode, encode
 from mlxserve.keys.records import KeyRecord
 from mlxserve.keys.store import KeyStore
 
@@ -349,10 +347,4 @@ def padded_wav(text: str) -> bytes:
     rate = 48_000
     voice = decode(speak(text), rate)
     samples = np.concatenate([np.zeros(rate, np.float32), voice, np.zeros(3 * rate, np.float32)])
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(rate)
-        wav.writeframes(pcm16_bytes(samples))
-    return out.getvalue()
+    return b"".join(encode([samples], rate, "wav"))
