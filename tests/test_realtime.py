@@ -484,3 +484,33 @@ def test_the_settings_name_the_sessions_audio_models(launch, tiny_model, whisper
         error = session.next()
         assert error["type"] == "error" and error["error"]["code"] == "model_not_speech"
         assert str(whisper_model) in error["error"]["message"]
+
+
+def test_a_full_input_buffer_is_an_error_until_committed(launch, tiny_model, whisper_model):
+    """Without turn detection the buffer holds what is appended up to --max-audio-bytes
+    (as an upload): beyond it each append is refused, naming the limit; a commit empties
+    it and appends go on."""
+    srv = launch(tiny_model, "--model", str(whisper_model), "--max-audio-bytes", "96000")
+    client = openai.OpenAI(base_url=srv.base_url, api_key="none")
+    with client.realtime.connect(model=str(tiny_model)) as connection:
+        session = Session(connection)
+        session.next()
+        session.send(
+            {
+                "type": "session.update",
+                "session": {**TEXT_ONLY, "audio": {"input": {"turn_detection": None}}},
+            }
+        )
+        session.next()
+        session.append(np.zeros(2 * RATE, np.float32))  # 96,000 bytes: full
+        session.append(np.zeros(RATE // 10, np.float32))
+        error = session.next()
+        assert error["type"] == "error"
+        assert error["error"]["code"] == "input_audio_buffer_full", error
+        session.send({"type": "input_audio_buffer.commit"})
+        assert session.until("conversation.item.done")[0]["type"] == (
+            "input_audio_buffer.committed"
+        )
+        session.append(np.zeros(RATE // 10, np.float32))
+        session.send({"type": "input_audio_buffer.clear"})
+        assert session.next()["type"] == "input_audio_buffer.cleared"

@@ -20,7 +20,7 @@ import numpy as np
 
 from mlxserve.api.openai.errors import error_body
 from mlxserve.api.realtime.conversation import Conversation, item_from, new_id
-from mlxserve.api.realtime.input_audio import MIN_COMMIT_MS, InputAudio
+from mlxserve.api.realtime.input_audio import MIN_COMMIT_MS, SAMPLES_PER_MS, InputAudio
 from mlxserve.api.realtime.response import ResponsePlan, ResponseRun
 from mlxserve.api.realtime.settings import SessionSettings
 from mlxserve.api.realtime.speaker import Voice
@@ -159,6 +159,14 @@ class RealtimeSession:
             data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError) as e:
             raise bad_request("audio must be base64-encoded pcm16 audio.", "audio") from e
+        limit = self._service.config.max_audio_bytes  # as an upload's: pcm16 bytes held
+        if (self._audio.held_ms * SAMPLES_PER_MS + len(data) // 2) * 2 > limit:
+            raise bad_request(
+                f"The input audio buffer is full ({limit} bytes of pcm16, --max-audio-bytes): "
+                f"commit or clear it.",
+                "audio",
+                "input_audio_buffer_full",
+            )
         for edge in self._audio.append(pcm16_samples(data)):
             if edge.started:
                 self._speech_started(edge.ms)
