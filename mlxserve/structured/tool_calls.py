@@ -41,6 +41,22 @@ def kimi(markup: Markup, start: str, end: str, tools: list[dict], parallel: bool
 def tool_code(markup: Markup, start: str, end: str, tools: list[dict], parallel: bool) -> Calls:
     """A ```tool_code block with a `name(key=value, ...)` line per call; values are
     written as JSON (its true, false and null are read as Python's)."""
+    call = python_calls(tools)
+    lines = f'{call} ("\\n" {call})*' if parallel else call
+    return f'{markup(start)} "\\n" {lines} "\\n" {markup(end)}', ()
+
+
+def pythonic(markup: Markup, start: str, end: str, tools: list[dict], parallel: bool) -> Calls:
+    """Llama 3.2/4 and LFM2: a Python list of `name(key=value, ...)` calls between the
+    markers; values are written as JSON, which the parser reads as Python literals."""
+    call = python_calls(tools)
+    calls = f'{call} (", " {call})*' if parallel else call
+    return f'{markup(start)} "[" {calls} "]" {markup(end)}', ()
+
+
+def python_calls(tools: list[dict]) -> str:
+    """Lark of one `name(key=value, ...)` call to any of the tools, keyword arguments in
+    the schema's order."""
     calls = []
     for tool in tools:
         arguments = [
@@ -49,9 +65,7 @@ def tool_code(markup: Markup, start: str, end: str, tools: list[dict], parallel:
         ]
         opening = lark.literal(tool["function"]["name"] + "(")
         calls.append(f'{opening} {lark.in_order(arguments, lark.literal(", "))} ")"')
-    call = f"({' | '.join(calls)})"
-    lines = f'{call} ("\\n" {call})*' if parallel else call
-    return f'{markup(start)} "\\n" {lines} "\\n" {markup(end)}', ()
+    return f"({' | '.join(calls)})"
 
 
 def qwen3_coder(markup: Markup, start: str, end: str, tools: list[dict], parallel: bool) -> Calls:
@@ -63,7 +77,7 @@ def qwen3_coder(markup: Markup, start: str, end: str, tools: list[dict], paralle
     for tool in tools:
         parameters = []
         for name, schema, required in lark.properties(lark.parameters(tool)):
-            value, rule = _xml_value(schema, f"text_{len(rules)}")
+            value, rule = xml_value(schema, f"text_{len(rules)}")
             rules += [rule] if rule else []
             opening = lark.literal(f"<parameter={name}>\n")
             parameters.append((f'{opening} {value} "\\n"', required))
@@ -73,16 +87,30 @@ def qwen3_coder(markup: Markup, start: str, end: str, tools: list[dict], paralle
     return (f'{call} ("\\n" {call})*' if parallel else call), tuple(rules)
 
 
-def _xml_value(schema: dict, rule_name: str) -> tuple[str, str | None]:
-    """A parameter's value as qwen3_coder's parser reads it back: strings as raw text up to
-    the closing tag (a lazy rule of their own), everything else as its JSON text."""
-    if schema.get("type") != "string" and not _string_enum(schema):
-        return f"{lark.json_schema(schema)} {PARAMETER_END}", None
+def xml_value(schema: dict, rule_name: str, closing: str = PARAMETER_END) -> tuple[str, str | None]:
+    """A parameter's value then its `closing` (Lark), as the tag-style parsers read it
+    back: strings as raw text up to the closing tag, everything else as its JSON text.
+    Raw text before a closing tag of plain text is a lazy rule of its own (returned, named
+    `rule_name`); a special-token closing ends it by itself (text cannot hold one)."""
+    if not raw_string(schema):
+        return f"{lark.json_schema(schema)} {closing}", None
     if _string_enum(schema):
-        return f"({lark.choice(schema['enum'])}) {PARAMETER_END}", None
+        return f"({lark.choice(schema['enum'])}) {closing}", None
     most = schema.get("maxLength")
     text = f"/(?s:.{{{schema.get('minLength', 0)},{most}}})/" if most else lark.ANY_TEXT
-    return rule_name, f"{rule_name}[lazy]: {text} {PARAMETER_END}"
+    if is_special_markup(closing):
+        return f"{text} {closing}", None
+    return rule_name, f"{rule_name}[lazy]: {text} {closing}"
+
+
+def is_special_markup(markup_lark: str) -> bool:
+    """Whether markup's Lark is one special token (see `matcher.markup_lark`)."""
+    return markup_lark.startswith("<[") and " " not in markup_lark
+
+
+def raw_string(schema: dict) -> bool:
+    """Whether the tag-style formats write this value as raw text (a string)."""
+    return schema.get("type") == "string" or _string_enum(schema)
 
 
 def _string_enum(schema: dict) -> bool:

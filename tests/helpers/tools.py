@@ -9,3 +9,47 @@ WEATHER = {
     "description": WEATHER_TOOL["function"]["description"],
     "input_schema": WEATHER_TOOL["function"]["parameters"],
 }
+
+# A tool whose arguments hold a little of everything a schema holds (nested objects,
+# arrays, enums, bounded numbers, optional keys), strict; what guided and forced calls to
+# it must validate against is `TRIP_ARGUMENTS`, the schema closed as strict reads it.
+TRIP = {
+    "type": "function",
+    "function": {
+        "name": "plan_trip",
+        "description": "Plan a trip.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 16},
+                "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                "budget": {"type": "number", "minimum": 0, "maximum": 5000},
+                "mode": {"enum": ["car", "train", "plane"]},
+                "stops": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 10},
+                    "maxItems": 3,
+                },
+                "options": {
+                    "type": "object",
+                    "properties": {
+                        "pets": {"type": "boolean"},
+                        "rooms": {"type": "integer", "minimum": 1, "maximum": 4},
+                    },
+                    "required": ["pets"],
+                },
+            },
+            "required": ["city", "days", "mode", "options"],
+        },
+        "strict": True,
+    },
+}
+_TRIP = TRIP["function"]["parameters"]
+TRIP_ARGUMENTS = {
+    **_TRIP,
+    "additionalProperties": False,
+    "properties": {
+        **_TRIP["properties"],
+        "options": {**_TRIP["properties"]["options"], "additionalProperties": False},
+    },
+}

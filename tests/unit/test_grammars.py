@@ -126,3 +126,23 @@ def test_arguments_in_order_leave_out_only_optional_ones(tokenizer, required, wr
     grammar = Grammar(tokenizer, lark.grammar(f"{body} {lark.literal('.')}"))
     assert all(accepts(tokenizer, grammar, f"{text}.") for text in written)
     assert not any(accepts(tokenizer, grammar, f"{text}.") for text in refused)
+
+
+def test_a_format_without_a_writer_is_a_400_when_forced_and_free_under_auto(tokenizer):
+    """A format new to mlx-lm registers with no writer: a forced call cannot be written in
+    it (a 400 naming tool_choice), and its calls under auto stay free."""
+    from mlxserve.postprocess.output import ChatMarkup
+    from mlxserve.postprocess.tools import ToolFormat
+    from mlxserve.protocol.errors import ServiceError
+    from mlxserve.protocol.request import ChatRequest, Tool, ToolChoice
+    from mlxserve.service.grammars import chat_grammar
+
+    fmt = ToolFormat("brand_new", "<call>", "</call>", lambda text, tools: {})
+    markup = ChatMarkup(harmony=False, think=None, tool_format=fmt)
+    tools = (Tool("get_time", "The time.", {"type": "object", "properties": {}}),)
+    forced = ChatRequest(tools=tools, tool_choice=ToolChoice("required"))
+    with pytest.raises(ServiceError) as refused:
+        chat_grammar(forced, tokenizer, [], markup, guide_calls=True)
+    assert refused.value.param == "tool_choice"
+    assert "(brand_new)" in str(refused.value)
+    assert chat_grammar(ChatRequest(tools=tools), tokenizer, [], markup, guide_calls=True) is None
