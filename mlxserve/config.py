@@ -219,6 +219,12 @@ class ServerConfig:
         shown_default="detected",
         help="a tool-call format name, or `harmony` (`mlxserve --help` lists them)",
     )
+    tool_call_grammar: str = setting(
+        "auto",
+        choices=("auto", "off"),
+        group=MODELS,
+        help='`auto`: under `tool_choice: auto` a call the model opens follows its tool\'s schema (the text before it stays free); `off`: only forced calls are constrained. A request can turn it off with `tool_call_grammar: "off"`',
+    )
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     host: str = setting("127.0.0.1", group=SERVER, help="the address to listen on")
     port: int = setting(8080, group=SERVER, help="0 picks a free port")

@@ -31,6 +31,7 @@ from helpers.speculation import (
     replayed,
     reply,
     speculated,
+    tokens,
     verified,
 )
 from helpers.streams import ENDS, beside_a_stream, concurrently
@@ -124,6 +125,17 @@ def test_the_drafter_is_read_and_its_drafts_are_accepted(family):
 def test_greedy_tokens_and_logprobs_are_those_of_plain_decoding(family, conv):
     off, on = family.off, family.on
     assert_same(reply(off, conv.request), reply(on, conv.request))
+
+
+def test_a_guided_tool_call_drafts_as_an_unguided_one(family):
+    """Under tool_choice "auto" the call the model opens follows its tool's grammar; a
+    trained call is valid, so the mask changes no token, drafted or not."""
+    body = BY_NAME["tool_call"].request
+    guided = reply(family.on, body)
+    assert guided[0]["message"]["tool_calls"]
+    assert_same(reply(family.off, body), guided)
+    unguided = reply(family.on, {**body, "tool_call_grammar": "off"})  # logprobs of no mask
+    assert unguided[0] == guided[0] and tokens(unguided) == tokens(guided)
 
 
 def test_batched_every_request_gets_its_plain_reply(family):

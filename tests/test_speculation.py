@@ -29,6 +29,7 @@ from helpers.speculation import (
     replayed,
     reply,
     speculated,
+    tokens,
     verified,
 )
 from helpers.streams import ENDS, beside_a_stream, concurrently
@@ -184,6 +185,20 @@ def test_a_required_tool_call_drafts_under_its_grammar(servers):
     before = speculated(on, "drafted")
     plain, drafted = reply(off, body), reply(on, body)
     assert_same(plain, drafted)
+    assert drafted[0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert speculated(on, "drafted") > before
+
+
+def test_an_auto_tool_call_drafts_under_its_guide(servers):
+    """Under tool_choice "auto" the opened call's drafted tokens are verified under its
+    grammar; the trained call is valid, so guided or not the tokens are the same."""
+    off, on = servers
+    body = BY_NAME["tool_call"].request
+    before = speculated(on, "drafted")
+    plain, drafted = reply(off, body), reply(on, body)
+    assert_same(plain, drafted)
+    unguided = reply(on, {**body, "tool_call_grammar": "off"})  # logprobs of no mask
+    assert unguided[0] == drafted[0] and tokens(unguided) == tokens(drafted)
     assert drafted[0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert speculated(on, "drafted") > before
 

@@ -23,6 +23,9 @@ class Strict(BaseModel):
 
 
 Verbosity = Literal["low", "medium", "high"]
+# Our extension field of the OpenAI dialects: "off" leaves a request's tool calls unguided
+# under tool_choice "auto" (see --tool-call-grammar).
+ToolCallGrammar = Literal["auto", "off"]
 
 
 def as_written(verbosity: Verbosity | None) -> Verbosity | None:

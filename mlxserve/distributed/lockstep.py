@@ -36,7 +36,7 @@ class WireJob:
     id: int
     prompt: list[int]
     params: GenerationParams  # without its grammar
-    grammar: str | None  # the grammar's Lark source
+    grammar: tuple[str, str | None] | None  # the grammar's Lark source and trigger
     index: int
     checkpoints: tuple[int, ...]
     images: PromptImages | None  # a vision prompt's prepared pixels: every rank encodes them
@@ -83,7 +83,7 @@ class Leader:
             number,
             job.prompt,
             dataclasses.replace(job.params, grammar=None),
-            grammar.lark if grammar is not None else None,
+            (grammar.lark, grammar.trigger) if grammar is not None else None,
             job.index,
             job.checkpoints,
             job.images,
@@ -144,7 +144,7 @@ class Follower:
     def _job(self, wire: WireJob) -> GenerationJob:
         params = wire.params
         if wire.grammar is not None:
-            params = dataclasses.replace(params, grammar=self._grammar(wire.grammar))
+            params = dataclasses.replace(params, grammar=self._grammar(*wire.grammar))
         job = GenerationJob(
             self._spec,
             wire.prompt,
@@ -158,5 +158,5 @@ class Follower:
         return job
 
     @functools.lru_cache(maxsize=16)  # noqa: B019 (one Follower per process)
-    def _grammar(self, lark: str) -> Grammar:
-        return Grammar(self._tokenizer, lark)
+    def _grammar(self, lark: str, trigger: str | None) -> Grammar:
+        return Grammar(self._tokenizer, lark, trigger=trigger)

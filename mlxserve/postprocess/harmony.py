@@ -46,6 +46,8 @@ def is_harmony(tokenizer) -> bool:
 
 
 class HarmonyParser(MarkupParser):
+    unparsed_calls = 0  # a call is a message of its own: read whole, or not a call
+
     def __init__(self, tools_enabled: bool = True, parallel_tool_calls: bool = True):
         self._tools_enabled = tools_enabled
         self._parallel = parallel_tool_calls

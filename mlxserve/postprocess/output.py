@@ -42,6 +42,11 @@ class ChatOutput:
     def in_reasoning(self) -> bool:
         return self._parser.in_reasoning
 
+    @property
+    def unparsed_calls(self) -> int:
+        """Call blocks the reply opened that could not be read (returned as content)."""
+        return self._parser.unparsed_calls
+
     def feed(self, text: str) -> list[Event]:
         return self._presenter(self._parser.feed(text))
 

@@ -111,6 +111,7 @@ class OutputParser(MarkupParser):
         self._segment_started = self._state == CONTENT  # strip leading space after markup
         self._call: _OpenCall | None = None
         self.tool_calls = 0
+        self.unparsed_calls = 0  # call blocks that could not be read (returned as content)
 
     def _end(self, events: list[Event]) -> None:
         if self._state == TOOL:
@@ -195,6 +196,7 @@ class OutputParser(MarkupParser):
         pieces = call.stream.close()
         if pieces is None:
             log.warning("unparsable tool call returned as content: %r", call.stream.body)
+            self.unparsed_calls += 1
             events.append(Content(self._format.start + call.stream.body + self._format.end))
             return
         self._pieces(call, pieces, events)

@@ -165,6 +165,7 @@ class ChatRequest(GenerationRequest):
     reasoning_budget: int | None = None  # most tokens of reasoning before the answer
     continue_final: bool = False  # the reply continues the last (assistant) message
     drop_oldest_to_fit: bool = False  # over the context: the oldest turns are left out
+    guide_tool_calls: bool = True  # False: the request turned tool-call guiding off
 
     @property
     def text_length(self) -> int:

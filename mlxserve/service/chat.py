@@ -108,7 +108,8 @@ class ChatService:
             injected_tools=injected,
         )
         max_tokens = self._fit(spec, request, len(prompt), request.messages_param, request.n)
-        grammar = chat_grammar(request, tokenizer, prompt, markup)
+        guide_calls = self.config.tool_call_grammar == "auto"
+        grammar = chat_grammar(request, tokenizer, prompt, markup, guide_calls)
         params = _params(request, self.config, tokenizer, grammar, max_tokens)
         if request.reasoning_budget is not None:
             budget = _reasoning_budget(request.reasoning_budget, tokenizer, prompt, markup)

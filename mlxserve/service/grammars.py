@@ -5,6 +5,7 @@ never a silently unconstrained reply."""
 from __future__ import annotations
 
 import functools
+import logging
 from typing import cast
 
 from mlxserve.models.token_bytes import drops_first_space
@@ -16,6 +17,8 @@ from mlxserve.protocol.request import ChatRequest, Constraint, GenerationRequest
 from mlxserve.structured import lark, strict, tool_calls
 from mlxserve.structured.matcher import Grammar, GrammarError, is_special, markup_lark
 
+log = logging.getLogger(__name__)
+
 
 def completion_grammar(request: GenerationRequest, tokenizer) -> Grammar | None:
     constraint = request.constraint
@@ -25,10 +28,11 @@ def completion_grammar(request: GenerationRequest, tokenizer) -> Grammar | None:
 
 
 def chat_grammar(
-    request: ChatRequest, tokenizer, prompt: list[int], markup: ChatMarkup
+    request: ChatRequest, tokenizer, prompt: list[int], markup: ChatMarkup, guide_calls: bool
 ) -> Grammar | None:
     """The reply's grammar: the model may reason first, then writes the constrained part
-    (content, or a tool call in its own format)."""
+    (content, or a tool call in its own format). Under tool_choice "auto" (`guide_calls`:
+    the server's setting), a call the model opens is guided (see `call_guide`)."""
     constraint, choice = request.constraint, request.tool_choice
     if constraint is not None and choice.forces_call:
         raise bad_request(
@@ -39,7 +43,8 @@ def chat_grammar(
         grammar = _tool_call_grammar(request, tokenizer, prompt, markup)
         return _compile(tokenizer, grammar, "tools")
     if constraint is None:
-        return None
+        auto = choice.mode == "auto" and request.tools and request.guide_tool_calls
+        return _call_guide(request, tokenizer, markup) if guide_calls and auto else None
     body = _content_body(constraint)
     if markup.harmony:
         return _compile(tokenizer, _harmony(tokenizer).final_reply(body), constraint.param)
@@ -87,6 +92,26 @@ def _tool_call_grammar(
     return _after_reasoning(body, tokenizer, prompt, markup, rules)
 
 
+def _call_guide(request: ChatRequest, tokenizer, markup: ChatMarkup) -> Grammar | None:
+    """The grammar of valid calls, from the format's call opening on; None where the
+    format has no writer (harmony, a format new to mlx-lm), is not guided (injected
+    tools), or the engine cannot enforce the tools' schemas: such calls stay free, as they
+    always were (and are parsed, or returned as text, after the fact)."""
+    fmt = markup.tool_format
+    if markup.harmony or fmt is None or fmt.traits.forced_call is None or not fmt.traits.guided:
+        return None
+    tools = [tool.definition(grammar=True) for tool in request.tools]
+    markup_text = functools.partial(markup_lark, tokenizer)
+    body, rules = fmt.traits.forced_call(
+        markup_text, fmt.start, fmt.end, tools, request.parallel_tool_calls
+    )
+    try:
+        return _compiled(tokenizer, lark.grammar(body, rules=rules), fmt.start)
+    except GrammarError as e:
+        log.warning("Tool calls left unguided: the grammar engine refused the tools (%s)", e)
+        return None
+
+
 def _harmony_tool_call(tokenizer, tools: list[dict]) -> str:
     """One commentary message to a function (a harmony reply holds at most one call)."""
     header = "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
@@ -122,6 +147,11 @@ def _compile(tokenizer, text: str, param: str) -> Grammar:
     if drops_first_space(tokenizer):
         text = lark.after_space(text)
     try:
-        return Grammar(tokenizer, text)
+        return _compiled(tokenizer, text)
     except GrammarError as e:
         raise bad_request(f"The constraint cannot be enforced: {e}", param=param) from e
+
+
+@functools.lru_cache(maxsize=32)  # an agent sends the same tools (or schema) every turn
+def _compiled(tokenizer, text: str, trigger: str | None = None) -> Grammar:
+    return Grammar(tokenizer, text, trigger=trigger)

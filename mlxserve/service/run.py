@@ -157,6 +157,8 @@ class GenerationRun:
         if event.diverged_at is not None and state.plan.counts_prompt:
             log.info(_divergence(state.plan.prompt, event.diverged_at, cached, self._texts))
         if self._record is not None:
+            # (a completion's output has no tool calls)
+            self._record.unparsed_calls += getattr(state.output, "unparsed_calls", 0)
             images = state.plan.images
             shown = len(images.spans) if images is not None and state.plan.counts_prompt else 0
             self._record.meter(

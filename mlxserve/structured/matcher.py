@@ -20,6 +20,7 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from mlxserve.compat import hf_tokenizer
+from mlxserve.structured.call_guide import CallGuideProcessor, OneTokenOpening
 from mlxserve.structured.numbers import NumberBounds, NumberTable
 from mlxserve.structured.token_table import VocabularyTable
 from mlxserve.values import as_int
@@ -42,9 +43,15 @@ def ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
 
 
 @functools.lru_cache(maxsize=8)  # per tokenizer: building it walks the whole vocabulary
-def number_table(tokenizer) -> NumberTable:
+def token_texts(tokenizer) -> list[bytes]:
+    """Each token's bytes as the grammar engine reads them (special tokens: their text)."""
     ll = ll_tokenizer(tokenizer)
-    return NumberTable.of([ll.decode_bytes([token]) for token in range(ll.vocab_size)])
+    return [ll.decode_bytes([token]) for token in range(ll.vocab_size)]
+
+
+@functools.lru_cache(maxsize=8)
+def number_table(tokenizer) -> NumberTable:
+    return NumberTable.of(token_texts(tokenizer))
 
 
 def markup_lark(tokenizer, text: str) -> str:
@@ -77,11 +84,22 @@ class GrammarError(ValueError):
 
 
 class Grammar:
-    """A grammar compiled for one tokenizer; each generated sequence follows its own copy."""
+    """A grammar compiled for one tokenizer; each generated sequence follows its own copy.
+    With a `trigger` (a tool-call format's opening) it guides calls under `auto`: the reply
+    follows it from that opening on (see call_guide.py)."""
 
-    def __init__(self, tokenizer, lark: str, bounded_numbers: bool = True):
+    def __init__(
+        self,
+        tokenizer,
+        lark: str,
+        bounded_numbers: bool = True,
+        trigger: str | None = None,
+    ):
         self.lark = lark  # the source: other ranks of a distributed server compile it too
-        ll = ll_tokenizer(tokenizer)
+        self.trigger = trigger
+        self._first_masks: dict[int, mx.array] = {}
+        self._tokenizer = tokenizer
+        ll = self._ll = ll_tokenizer(tokenizer)
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, ll)
         matcher = llguidance.LLMatcher(ll, grammar) if not failed else None
@@ -95,9 +113,34 @@ class Grammar:
         bounded = bounded_numbers and "%json" in lark
         self._numbers = number_table(tokenizer) if bounded else None
 
-    def processor(self) -> GrammarProcessor:
+    def processor(self) -> GrammarProcessor | CallGuideProcessor:
+        if self.trigger is None:
+            return self._processor()
+        texts = token_texts(self._tokenizer)
+        opening = self._ll.tokenize_str(self.trigger)
+        one = OneTokenOpening(opening[0], self._after_opening) if len(opening) == 1 else None
+        return CallGuideProcessor(self.trigger, texts, self._begun, one)
+
+    def _after_opening(self, width: int) -> mx.array:
+        """What the grammar allows right after its one-token opening, over `width` logits
+        (the same for every sequence: computed once)."""
+        if width not in self._first_masks:
+            assert self.trigger is not None
+            processor = self._begun(self.trigger.encode())
+            assert processor is not None, "a guide's grammar begins with its opening"
+            masked = processor(mx.array([0]), mx.zeros((1, width)))
+            self._first_masks[width] = mx.isfinite(masked[0])
+        return self._first_masks[width]
+
+    def _processor(self) -> GrammarProcessor:
         numbers = NumberBounds(self._numbers) if self._numbers is not None else None
         return GrammarProcessor(self._matcher.deep_copy(), self._vocab_size, self._ends, numbers)
+
+    def _begun(self, text: bytes) -> GrammarProcessor | None:
+        """A processor having read `text` (the reply from the call opening on); None where
+        the grammar does not allow it."""
+        processor = self._processor()
+        return processor if processor.begin(self._ll.tokenize_bytes(text)) else None
 
 
 class GrammarProcessor:
@@ -144,6 +187,16 @@ class GrammarProcessor:
             if self._numbers is not None:
                 self._numbers.restrict(self._allowed)
         return mx.where(mx.array(self._allowed), logits, -mx.inf)
+
+    def begin(self, tokens: list[int]) -> bool:
+        """Read `tokens` (written before this processor took over), as if each had been
+        generated under it; False where the grammar refuses one."""
+        if self._matcher.try_consume_tokens(tokens) < len(tokens):
+            return False
+        if self._numbers is not None:
+            for token in tokens:
+                self._numbers.written(token)
+        return True
 
     def _follow(self, token: int) -> None:
         if self._refused or self._matcher.try_consume_tokens([token]) == 0:

@@ -68,6 +68,7 @@ class RequestRecord:
     # reported); the first carries the request itself (requests=1).
     on_metered: Callable[[Metered], None] | None = None
     metered: Metered = field(default_factory=Metered)
+    unparsed_calls: int = 0  # tool-call blocks returned as content: they could not be read
 
     def token(self, at: float, previous: float | None) -> None:
         """A token arrived at `at`; `previous` is its sequence's last token, if any."""
@@ -132,6 +133,8 @@ class RequestRecord:
             parts.append(f"ttft={self.ttft:.3f}s")
         if (speed := self.tokens_per_second) is not None:
             parts.append(f"tok/s={speed:.1f}")
+        if self.unparsed_calls:
+            parts.append(f"unparsed_calls={self.unparsed_calls}")
         parts.append(f"time={self.elapsed:.3f}s")
         return " ".join(parts)
 

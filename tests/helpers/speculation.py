@@ -27,11 +27,16 @@ def reply(srv, body: dict) -> tuple[dict, list[tuple]]:
     return {**choice, "usage": answer["usage"]}, entries
 
 
+def tokens(answer: tuple) -> list[str]:
+    """A `reply`'s tokens."""
+    return [e[0] for e in answer[1]]
+
+
 def assert_same(plain: tuple, speculated: tuple) -> None:
     """The same message, finish reason, usage and tokens; logprobs equal to float32
     rounding (a pass over several positions adds up in another order)."""
     assert speculated[0] == plain[0]
-    assert [e[0] for e in speculated[1]] == [e[0] for e in plain[1]]
+    assert tokens(speculated) == tokens(plain)
     for (_, lp, top), (_, lp0, top0) in zip(speculated[1], plain[1], strict=True):
         assert lp == pytest.approx(lp0, abs=1e-4)
         assert [t for t, _ in top] == [t for t, _ in top0]

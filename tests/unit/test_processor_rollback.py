@@ -71,6 +71,11 @@ def shown_once(processor, tokens: list[int], vocab: int) -> list[bool]:
 )
 def test_a_grammar_rolls_back_to_the_kept_tokens(tokenizer, kept, drafted, then):
     grammar = Grammar(tokenizer, lark.grammar(lark.json_schema(SCHEMA)))
+    assert_rolled_back(tokenizer, grammar, kept, drafted, then)
+
+
+def assert_rolled_back(tokenizer, grammar: Grammar, kept: str, drafted: str, then: str):
+    """After a reply `kept`, drafted tokens taken back: `then` is masked as if never drafted."""
     prompt = tokenizer.encode("x", add_special_tokens=False)
     kept_ids, drafted_ids, then_ids = encoded(tokenizer, kept, drafted, then)
     got, expected = after_rollback(
@@ -79,7 +84,7 @@ def test_a_grammar_rolls_back_to_the_kept_tokens(tokenizer, kept, drafted, then)
         [*prompt, *kept_ids],
         drafted_ids,
         then_ids,
-        len(tokenizer.vocab),
+        len(tokenizer.get_vocab()),  # with the added tokens: the call opening is one
     )
     assert got == expected
 
@@ -155,3 +160,25 @@ def test_a_drafters_guesses_follow_the_grammar_and_are_taken_back(tokenizer, pad
     assert [shown_once(speculating, then[:k], vocab) for k in calls] == [
         shown_once(plain, then[:k], vocab) for k in calls
     ]
+
+
+@pytest.mark.parametrize(
+    ("kept", "drafted", "then"),
+    [
+        ("Sure.", '<tool_call>\n{"name": "f', "\n"),  # a drafted opening taken back: free
+        ('Sure.<tool_call>\n{"name": "f", "arguments": {"n": 1', '2, "s', "}"),  # inside
+        ("Sure.<tool_call>", '\n{"', "\n"),  # back to just after the opening
+        ("Sure", ". Then", " more"),  # no opening anywhere
+    ],
+    ids=["opening-drafted", "inside-the-call", "after-the-opening", "free"],
+)
+def test_a_call_guide_rolls_back_to_the_kept_tokens(tokenizer, kept, drafted, then):
+    """Under tool_choice auto: free text, then the call's grammar from its opening on."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+    body = lark.json_schema(lark.any_of([lark.tool_call_object(tool)]))
+    grammar = Grammar(
+        tokenizer,
+        lark.grammar(f'<[{tokenizer.encode("<tool_call>")[0]}]> "\\n" {body}'),
+        trigger="<tool_call>",
+    )
+    assert_rolled_back(tokenizer, grammar, kept, drafted, then)

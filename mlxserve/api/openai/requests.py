@@ -11,7 +11,13 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from mlxserve.api.wire import Strict as _Strict
-from mlxserve.api.wire import Verbosity, as_written, check_tool_choice, tool_choice
+from mlxserve.api.wire import (
+    ToolCallGrammar,
+    Verbosity,
+    as_written,
+    check_tool_choice,
+    tool_choice,
+)
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 from mlxserve.structured.lark import MAX_CHOICES
@@ -197,6 +203,7 @@ class ChatRequest(GenerationRequest):
     tools: list[Tool] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
+    tool_call_grammar: ToolCallGrammar | None = None  # ours: "off" leaves calls unguided
     # OpenAI's older function calling (Dify's "Function Call" mode): tools by another name,
     # answered in the older shape (`message.function_call`, finish_reason "function_call")
     functions: list[FunctionDefinition] | None = None
@@ -384,6 +391,7 @@ def chat_request(wire: ChatRequest) -> neutral.ChatRequest:
         parallel_tool_calls=wire.parallel_tool_calls and not wire.legacy_functions,
         reasoning_effort=wire.reasoning_effort,
         template_kwargs=_template_kwargs(wire),
+        guide_tool_calls=wire.tool_call_grammar != "off",
     )
 
 

@@ -17,7 +17,14 @@ from pydantic import (
 from mlxserve.api.quirks import leave_out_hosted_tools
 from mlxserve.api.responses.conversation import CompactionTrigger, Conversation, InputItem
 from mlxserve.api.responses.files import FileInputs
-from mlxserve.api.wire import Strict, Verbosity, as_written, check_tool_choice, tool_choice
+from mlxserve.api.wire import (
+    Strict,
+    ToolCallGrammar,
+    Verbosity,
+    as_written,
+    check_tool_choice,
+    tool_choice,
+)
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 
@@ -198,6 +205,7 @@ class ResponsesRequest(Strict):
     tools: list[Tool] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
+    tool_call_grammar: ToolCallGrammar | None = None  # ours: "off" leaves calls unguided
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None  # echoed, not enforced
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -339,6 +347,7 @@ def chat_request(
         reasoning_effort=EFFORTS.get(effort) if effort else None,
         template_kwargs={"enable_thinking": False} if effort == "none" else {},
         drop_oldest_to_fit=wire.truncation == "auto",
+        guide_tool_calls=wire.tool_call_grammar != "off",
     )
 
 
