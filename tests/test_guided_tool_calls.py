@@ -14,9 +14,10 @@ import json
 
 import jsonschema
 import pytest
+from conversations import BY_NAME
 from helpers.server import CHAT
 from helpers.sse import stream
-from helpers.tools import TRIP, TRIP_ARGUMENTS
+from helpers.tools import CLOSED_WEATHER_TOOL, TRIP, TRIP_ARGUMENTS, named_calls
 
 CLOCK = {
     "type": "function",
@@ -145,3 +146,22 @@ def test_other_formats_opening_with_the_same_token(launch, rambler_model, openin
         status, _, reply = server.post(CHAT, body(opening))
         assert status == 200, reply
         assert valid(reply["choices"][0]["message"]), reply
+
+
+def test_a_trained_call_is_guided_where_the_model_would_not_close_it(server, tiny_model):
+    """tiny-chat's trained call, every token holding "}" biased away and the city at most
+    five characters, no other key: unguided, the model cannot close its JSON; guided, the
+    grammar allows only the close after "Paris", and the call is the trained one."""
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(tiny_model).get_vocab()
+    conv = BY_NAME["tool_call"]
+    body = {
+        **conv.request,
+        "tools": [CLOSED_WEATHER_TOOL],
+        "logit_bias": {str(i): -100 for text, i in vocab.items() if "}" in text},
+        "max_tokens": 80,
+    }
+    assert named_calls(server.post(CHAT, body)[2]) == conv.calls
+    unguided = server.post(CHAT, {**body, "tool_call_grammar": "off"})[2]
+    assert named_calls(unguided) != conv.calls, unguided

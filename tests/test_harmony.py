@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from conversations import HARMONY_BY_NAME, HARMONY_CONVERSATIONS
 from helpers.checks import assert_round_trip
+from helpers.tools import CLOSED_WEATHER_TOOL, named_calls
 
 CHAT = "/v1/chat/completions"
 
@@ -43,3 +44,23 @@ def test_tool_call_history_round_trip(harmony):
     ), prompt
     status, _, result = harmony.post(CHAT, {**conv.request, "messages": history, "max_tokens": 20})
     assert status == 200, result
+
+
+def test_an_auto_call_is_guided_to_its_schema(harmony, harmony_model):
+    """Every token holding "}" biased away, the city at most five characters and no other
+    key: unguided, the model cannot close its call's JSON; guided (tool_choice auto, from
+    `to=functions.` on), the grammar allows only the close after "Paris", and the call is
+    the trained one."""
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(harmony_model).get_vocab()
+    conv = HARMONY_BY_NAME["tool_call"]
+    body = {
+        **conv.request,
+        "tools": [CLOSED_WEATHER_TOOL],
+        "logit_bias": {str(i): -100 for text, i in vocab.items() if "}" in text},
+        "max_tokens": 60,
+    }
+    assert named_calls(harmony.post(CHAT, body)[2]) == conv.calls
+    unguided = harmony.post(CHAT, {**body, "tool_call_grammar": "off"})[2]
+    assert named_calls(unguided) != conv.calls, unguided

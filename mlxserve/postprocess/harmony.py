@@ -34,7 +34,8 @@ ANALYSIS_CLOSING = "<|end|><|start|>assistant"
 FINAL_OPENING = "<|channel|>final<|message|>"
 BODY_ENDS = ["<|end|>", "<|call|>", "<|return|>", "<|start|>"]
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
-_RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
+HARMONY_RECIPIENT = "to=functions."  # a header naming a function: the message is a call
+_RECIPIENT = re.compile(re.escape(HARMONY_RECIPIENT) + r"([^\s<]+)")
 
 HEADER, IGNORED = "header", "ignored"
 

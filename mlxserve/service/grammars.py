@@ -9,7 +9,12 @@ import logging
 from typing import cast
 
 from mlxserve.models.token_bytes import drops_first_space
-from mlxserve.postprocess.harmony import ANALYSIS_CLOSING, ANALYSIS_OPENING, FINAL_OPENING
+from mlxserve.postprocess.harmony import (
+    ANALYSIS_CLOSING,
+    ANALYSIS_OPENING,
+    FINAL_OPENING,
+    HARMONY_RECIPIENT,
+)
 from mlxserve.postprocess.output import ChatMarkup
 from mlxserve.postprocess.reasoning import reasoning_skipped, starts_in_reasoning
 from mlxserve.protocol.errors import bad_request
@@ -94,19 +99,23 @@ def _tool_call_grammar(
 
 def _call_guide(request: ChatRequest, tokenizer, markup: ChatMarkup) -> Grammar | None:
     """The grammar of valid calls, from the format's call opening on; None where the
-    format has no writer (harmony, a format new to mlx-lm), is not guided (injected
-    tools), or the engine cannot enforce the tools' schemas: such calls stay free, as they
-    always were (and are parsed, or returned as text, after the fact)."""
-    fmt = markup.tool_format
-    if markup.harmony or fmt is None or fmt.traits.forced_call is None or not fmt.traits.guided:
-        return None
+    format has no writer (a format new to mlx-lm), is not guided (injected tools), or the
+    engine cannot enforce the tools' schemas: such calls stay free, as they always were
+    (and are parsed, or returned as text, after the fact)."""
     tools = [tool.definition(grammar=True) for tool in request.tools]
-    markup_text = functools.partial(markup_lark, tokenizer)
-    body, rules = fmt.traits.forced_call(
-        markup_text, fmt.start, fmt.end, tools, request.parallel_tool_calls
-    )
+    fmt = markup.tool_format
+    if markup.harmony:
+        text, opening = _harmony_call_guide(tokenizer, tools), HARMONY_RECIPIENT
+    elif fmt is None or fmt.traits.forced_call is None or not fmt.traits.guided:
+        return None
+    else:
+        markup_text = functools.partial(markup_lark, tokenizer)
+        body, rules = fmt.traits.forced_call(
+            markup_text, fmt.start, fmt.end, tools, request.parallel_tool_calls
+        )
+        text, opening = lark.grammar(body, rules=rules), fmt.start
     try:
-        return _compiled(tokenizer, lark.grammar(body, rules=rules), fmt.start)
+        return _compiled(tokenizer, text, opening)
     except GrammarError as e:
         log.warning("Tool calls left unguided: the grammar engine refused the tools (%s)", e)
         return None
@@ -117,6 +126,22 @@ def _harmony_tool_call(tokenizer, tools: list[dict]) -> str:
     header = "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
     calls = tool_calls.named_arguments(functools.partial(markup_lark, tokenizer), tools, header)
     return _harmony(tokenizer).reply(f"({calls})", markup_lark(tokenizer, "<|call|>"))
+
+
+def _harmony_call_guide(tokenizer, tools: list[dict]) -> str:
+    """A harmony call from its recipient on (one a reply): a tool's name, the rest of the
+    header as gpt-oss writes it (` <|constrain|>json<|message|>`) or with the channel after
+    the recipient (`<|channel|>commentary json<|message|>`), JSON arguments, <|call|>."""
+    markup = functools.partial(markup_lark, tokenizer)
+    constrained = f'" " {markup("<|constrain|>")}'
+    json_type = f'({constrained} "json" | " json")?'
+    header = f'({json_type} | {markup("<|channel|>")} "commentary" {json_type})'
+    calls = " | ".join(
+        f"{lark.literal(t['function']['name'])} {header} {markup('<|message|>')} "
+        f"{lark.json_schema(lark.parameters(t))}"
+        for t in tools
+    )
+    return lark.grammar(f"{lark.literal(HARMONY_RECIPIENT)} ({calls}) {markup('<|call|>')}")
 
 
 def _harmony(tokenizer) -> lark.Harmony:

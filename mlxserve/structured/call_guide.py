@@ -5,10 +5,11 @@ reply). llama.cpp's lazy grammars work the same way. An opening inside reasoning
 grammar too: the post-processor reads a call there as a call.
 
 Until the opening nothing waits on the device: the processor reads each token one step
-late (by then it has been computed; reading the newest would stall the step being built),
-and where the opening is one token (as in the models' own tokenizers) the step after it is
-masked on the device, by the grammar's first mask, whatever the token turns out to be. An
-opening written as several tokens is guided from the token after the next one on."""
+late (by then it has been computed; reading the newest would stall the step being built).
+Where the opening is one token (as in the models' own tokenizers) the step after it is
+masked on the device, by the grammar's first mask, whatever the token turns out to be; where
+it is several tokens, a token is read at once while the text ends with a start of the
+opening (rare in text), so the token after the opening is masked either way."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ class CallGuideProcessor:
     reply from the opening on), or None where the grammar cannot continue it: that call
     stays free, and `failed` says so.
 
-    A speculative pass shows it drafted tokens one position at a time; `rollback` takes
-    back those the pass did not keep, free again where the opening was among them."""
+    Each token shown is read a call late, unless the call is open or may be opening (the
+    text so far ends with a start of a several-token opening): then at once. A speculative
+    pass shows it drafted tokens one position at a time; `rollback` takes back those the
+    pass did not keep, free again where the opening was among them."""
 
     def __init__(
         self,
@@ -58,26 +61,29 @@ class CallGuideProcessor:
         self._texts = texts
         self._start = start
         self._one_token = one_token
-        self._tails = [b""]  # after each token followed: the text that may begin an opening
-        self._pending: mx.array | None = None  # the last token shown, not yet followed
+        # after each token read: the text that may begin an opening, or (once the opening
+        # is written) the text from the opening on
+        self._tails = [b""]
+        self._pending: mx.array | None = None  # the last token shown, not read yet
         self._calls = 0
         self._guide: Guide | None = None
         self._guide_calls = 0  # the guide reads a token on each call but its first
-        self._opened = False  # the last token followed finished the opening (taken back to)
         self.failed = False
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._guide is None:
-            opened = self._opened or (
-                self._pending is not None and self._follow(as_int(self._pending))
-            )
-            # the first call sees the prompt's last token, not a generated one
-            self._pending = tokens[-1] if self._calls else None
-            if self._pending is not None:  # queued before the step being built: ready then
-                mx.async_eval(self._pending)
+            if self._pending is not None:  # computed by now: reading it waits for nothing
+                self._read(as_int(self._pending))
+                self._pending = None
+            shown = tokens[-1] if self._calls else None  # the first: the prompt's last
             self._calls += 1
-            if opened:
-                self._wake(tokens)
+            if shown is not None and (self._open() or self._opening_begun()):
+                self._read(as_int(shown))
+                if self._open():
+                    self._wake()
+            elif shown is not None:
+                self._pending = shown
+                mx.async_eval(shown)  # queued before the step being built: ready then
             if self._guide is None:
                 return self._free(tokens, logits)
         self._guide_calls += 1
@@ -90,29 +96,31 @@ class CallGuideProcessor:
         allowed = mx.logical_or(one.allowed(logits.shape[-1]), tokens[-1] != one.token)
         return mx.where(allowed, logits, -mx.inf)
 
-    def _follow(self, token: int) -> bool:
-        """Read a token one step late: whether the opening is now written (the last tail
-        is then the text from the opening on)."""
-        window = self._tails[-1] + self._text(token)
+    def _read(self, token: int) -> None:
+        window = self._tails[-1] + (self._texts[token] if token < len(self._texts) else b"")
         at = window.find(self._opening)
         keep = len(self._opening) - 1
         self._tails.append(window[max(len(window) - keep, 0) :] if at < 0 else window[at:])
-        return at >= 0
 
-    def _wake(self, tokens: mx.array) -> None:
-        """The opening is written: the guide reads it and the token after it (shown now,
-        read at once: from here on the call is constrained token by token)."""
-        self._guide = self._start(self._tails[-1] + self._text(as_int(tokens[-1])))
+    def _open(self) -> bool:
+        """Whether the text read so far holds the opening."""
+        return self._tails[-1].startswith(self._opening)
+
+    def _opening_begun(self) -> bool:
+        """Whether the next token may finish a several-token opening."""
+        tail = self._tails[-1]
+        return self._one_token is None and any(
+            tail.endswith(self._opening[:size]) for size in range(1, len(self._opening))
+        )
+
+    def _wake(self) -> None:
+        """The opening is written: the guide reads the text from it on, and masks the
+        next token."""
+        self._guide = self._start(self._tails[-1])
         self._guide_calls = 0
-        self._opened = False
         if self._guide is None:  # the text after the opening does not fit: free again
             self.failed = True
             self._tails[-1] = self._tails[-1][len(self._opening) :]
-        else:
-            self._pending = None  # the guide has read it
-
-    def _text(self, token: int) -> bytes:
-        return self._texts[token] if token < len(self._texts) else b""
 
     def rollback(self, tokens: int) -> None:
         """Take back the last `tokens` shown (drafted tokens a pass did not keep)."""
@@ -122,11 +130,9 @@ class CallGuideProcessor:
             self._guide_calls -= min(tokens, read)
             if tokens <= read:
                 return
-            tokens -= read + 1  # with the token read with the opening: free again
-            self._guide = None
-            self._pending = None
-            self._opened = tokens == 0  # the opening is kept: the guide starts again
-        elif tokens and self._pending is not None:
+            tokens -= read
+            self._guide = None  # free again; the opening, if kept, wakes it at the next call
+        if tokens and self._pending is not None:
             self._pending = None
             tokens -= 1
         if tokens:

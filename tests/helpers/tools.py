@@ -53,3 +53,23 @@ TRIP_ARGUMENTS = {
         "options": {**_TRIP["properties"]["options"], "additionalProperties": False},
     },
 }
+
+# The weather tool with its one argument closed: a city of at most five characters (the
+# trained "Paris"), strict (no other key). After "Paris" a guided call can only close.
+CLOSED_WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        **WEATHER_TOOL["function"],
+        "parameters": {
+            **WEATHER_TOOL["function"]["parameters"],
+            "properties": {"city": {"type": "string", "maxLength": 5}},
+        },
+        "strict": True,
+    },
+}
+
+
+def named_calls(reply: dict) -> list[tuple[str, str]]:
+    """A Chat Completions reply's calls as (name, arguments) pairs."""
+    calls = reply["choices"][0]["message"].get("tool_calls") or []
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]

@@ -182,3 +182,25 @@ def test_a_call_guide_rolls_back_to_the_kept_tokens(tokenizer, kept, drafted, th
         trigger="<tool_call>",
     )
     assert_rolled_back(tokenizer, grammar, kept, drafted, then)
+
+
+@pytest.mark.parametrize(
+    ("kept", "drafted", "then"),
+    [
+        ("Sure [TOOL", '_CALLS]{"n', '{"'),  # the opening's end drafted, taken back
+        ('Sure [TOOL_CALLS]{"n": 1', '2, "s', ","),  # inside the call
+        ("Sure [TOOL_CALLS]", '{"n', "{"),  # back to just after the opening
+    ],
+    ids=["opening-drafted", "inside-the-call", "after-the-opening"],
+)
+def test_a_call_guide_with_an_opening_of_several_tokens_rolls_back(tokenizer, kept, drafted, then):
+    """An opening in plain text: the token that finishes it is read at once, and the
+    next one is masked."""
+    grammar = Grammar(
+        tokenizer,
+        lark.grammar(f'"[TOOL_CALLS]" {lark.json_schema(SCHEMA)}'),
+        trigger="[TOOL_CALLS]",
+    )
+    assert_rolled_back(tokenizer, grammar, kept, drafted, then)
+    masks = shown(grammar.processor(), encoded(tokenizer, "x Sure [TOOL_CALLS]")[0], 4096)
+    assert not masks[-1][tokenizer.encode("[", add_special_tokens=False)[0]]  # JSON next
