@@ -72,7 +72,7 @@ class CallGuideProcessor:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._guide is None:
-            if self._pending is not None:  # computed by now: reading it waits for nothing
+            if self._pending is not None:  # evaluated with the last step: no wait
                 self._read(as_int(self._pending))
                 self._pending = None
             shown = tokens[-1] if self._calls else None  # the first: the prompt's last
@@ -82,8 +82,7 @@ class CallGuideProcessor:
                 if self._open():
                     self._wake()
             elif shown is not None:
-                self._pending = shown
-                mx.async_eval(shown)  # queued before the step being built: ready then
+                self._pending = shown  # mlx-lm evaluates it before the next step
             if self._guide is None:
                 return self._free(tokens, logits)
         self._guide_calls += 1
