@@ -5,8 +5,8 @@ reply is calls that parse, name a tool of the request and validate against its s
 (nested objects, arrays, enums, bounded numbers, optional fields, strict); with the guiding
 off, per request or for the server, the same replies do not. Served in each format whose
 opening is tiny-rambler's special `<tool_call>` token (hermes JSON, Qwen3-Coder, GLM-4.7),
-streamed and whole. A call that cannot be read comes back as text, and the request's log
-line counts it."""
+streamed and whole. A reply that calls nothing is the unguided one token for token. A call
+that cannot be read comes back as text, and the request's log line counts it."""
 
 from __future__ import annotations
 
@@ -165,3 +165,29 @@ def test_a_trained_call_is_guided_where_the_model_would_not_close_it(server, tin
     assert named_calls(server.post(CHAT, body)[2]) == conv.calls
     unguided = server.post(CHAT, {**body, "tool_call_grammar": "off"})[2]
     assert named_calls(unguided) != conv.calls, unguided
+
+
+@pytest.mark.parametrize("stream_reply", [False, True], ids=["whole", "streamed"])
+def test_a_text_answer_is_the_unguided_one_token_for_token(rambler, stream_reply):
+    """Greedy, tools offered, no call opened: the guide changes nothing it does not mask."""
+    request = {
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        "tools": TOOLS,
+        "temperature": 0.0,
+        "max_tokens": 64,
+        "logprobs": True,
+    }
+
+    def tokens(extra: dict) -> list[str]:
+        if not stream_reply:
+            reply = rambler.post(CHAT, {**request, **extra})[2]
+            assert not reply["choices"][0]["message"].get("tool_calls"), reply
+            return [t["token"] for t in reply["choices"][0]["logprobs"]["content"]]
+        chunks = stream(rambler.url, CHAT, {**request, **extra}).chunks
+        choices = [c["choices"][0] for c in chunks if c.get("choices")]
+        assert not any(c["delta"].get("tool_calls") for c in choices)
+        return [t["token"] for c in choices for t in (c.get("logprobs") or {}).get("content") or []]
+
+    guided = tokens({})
+    assert len(guided) == 64
+    assert guided == tokens({"tool_call_grammar": "off"})
