@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mlxserve.mcp.config import checked as mcp_config_file
 from mlxserve.settings import (
     LoraOption,
     chat_template,
@@ -26,6 +27,7 @@ CACHE = "Prompt cache and KV caches"
 MEMORY = "Memory"
 MEDIA = "Images and audio"
 RESPONSES = "Responses API"
+MCP = "MCP tools"
 BATCHES = "Batch API"
 DISTRIBUTED = "Several Macs (under mlx.launch)"
 CONFIG_FILE = "A --config file's [[models]]"
@@ -39,6 +41,7 @@ GROUPS = (
     MEMORY,
     MEDIA,
     RESPONSES,
+    MCP,
     BATCHES,
     DISTRIBUTED,
 )
@@ -441,6 +444,24 @@ class ServerConfig:
         parse=positive_float,
         group=RESPONSES,
         help="most megabytes (counted as JSON) the stored responses take",
+    )
+    mcp_config: Path | None = setting(
+        None,
+        parse=mcp_config_file,
+        group=MCP,
+        help='the MCP servers whose tools requests may use, as `{"mcpServers": {name: {"command", "args", "env"} or {"url", "headers"}}}` (the format Claude Desktop and editors share); connected at start-up, restarted when they fail (docs/mcp.md)',
+    )
+    mcp_call_timeout: float = setting(
+        60.0,
+        parse=positive_float,
+        group=MCP,
+        help="seconds an MCP tool call may take; then the model is told it timed out",
+    )
+    mcp_max_output: int = setting(
+        100_000,
+        parse=positive_int,
+        group=MCP,
+        help="most characters of an MCP tool's output the model is given; the rest is cut, and the cut said",
     )
     batch_db: Path | None = setting(
         None,

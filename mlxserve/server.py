@@ -284,6 +284,7 @@ def run(config: ServerConfig) -> None:
         warning = exposure_warning(config.host, protected)
         if warning is not None:
             log.warning(warning)
+        server.routes.mcp.start()  # the servers' tools listed before the first request
         print(ready_screen(server.origin, service, protected, warning), flush=True)
         server.routes.batch_keeper.resume()  # batches a restart (or a crash) left running
         server.serve_forever()
@@ -300,6 +301,7 @@ def shut_down(server: MLXServer) -> None:
     process ("terminate called without an active exception", exit 134)."""
     server.server_close()
     server.routes.batch_keeper.stop()  # lines running now run again after a restart
+    server.routes.mcp.stop()
     server.routes.service.worker.stop()
     server.routes.open_sockets.going_away()  # each closes with 1001 once its turn ends
     if not server.drain(DRAIN_SECONDS):

@@ -34,6 +34,7 @@ from mlxserve.api.routes import (
     HEAD_PATHS,
     HEALTH_PATHS,
     KEYS_PATHS,
+    MCP_SERVERS_PATHS,
     METRICS_PATHS,
     MODEL_PREFIXES,
     MODELS_PATHS,
@@ -327,6 +328,8 @@ class APIHandler(BaseHTTPRequestHandler):
             self._send_json(200, self.app.routes.usage.usage(urlsplit(self.path).query))
         elif path in KEYS_PATHS:
             self._send_json(200, self.app.routes.usage.keys())
+        elif path in MCP_SERVERS_PATHS:
+            self._send_json(200, {"object": "list", "data": self.app.routes.mcp.states()})
         elif path in OPENAPI_PATHS:
             self._send_json(200, document())
         elif path.startswith(MODEL_PREFIXES):

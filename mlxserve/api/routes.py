@@ -49,6 +49,8 @@ from mlxserve.api.usage import UsageEndpoints
 from mlxserve.api.websocket import OpenSockets, WebSocket
 from mlxserve.keys.gate import KeyGate
 from mlxserve.keys.store import keys_path
+from mlxserve.mcp import config as mcp_config
+from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol.errors import not_found
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.activity import Activity
@@ -87,6 +89,7 @@ METRICS_PATHS = ("/metrics",)
 STATUS_PATHS = ("/v1/status", "/status")
 USAGE_PATHS = ("/v1/usage", "/usage")
 KEYS_PATHS = ("/v1/keys", "/keys")
+MCP_SERVERS_PATHS = ("/v1/mcp/servers", "/mcp/servers")
 OPENAPI_PATHS = ("/openapi.json",)
 # Ollama's API: its paths as Ollama has them (no /v1); errors in its shape under /api/.
 OLLAMA_PREFIX = "/api/"
@@ -106,6 +109,7 @@ GET_PATHS = (
     + STATUS_PATHS
     + USAGE_PATHS
     + KEYS_PATHS
+    + MCP_SERVERS_PATHS
     + OPENAPI_PATHS
     + OLLAMA_VERSION_PATHS
     + OLLAMA_TAGS_PATHS
@@ -129,6 +133,7 @@ ADMIN_PATHS = (
     + ADAPTER_UNLOAD_PATHS
     + METRICS_PATHS
     + KEYS_PATHS
+    + MCP_SERVERS_PATHS
     + OLLAMA_PULL_PATHS
     + OLLAMA_DELETE_PATHS
     + OLLAMA_COPY_PATHS
@@ -200,6 +205,7 @@ class Routes:
     batches: BatchRoutes = field(init=False)
     keys: KeyGate = field(init=False)
     usage: UsageEndpoints = field(init=False)
+    mcp: McpHub = field(init=False)
 
     def __post_init__(self):
         config = self.service.config
@@ -208,8 +214,13 @@ class Routes:
         self.openai = OpenAIEndpoints(self.service)
         self.anthropic = AnthropicEndpoints(self.service)
         # the batch keeper (made below) holds the files a Responses request may name
+        self.mcp = McpHub(
+            mcp_config.load(config.mcp_config) if config.mcp_config else (),
+            config.mcp_call_timeout,
+            config.mcp_max_output,
+        )
         self.responses = ResponsesEndpoints(
-            self.service, FileInputs(lambda: self.batch_keeper.store())
+            self.service, FileInputs(lambda: self.batch_keeper.store()), self.mcp
         )
         self.tokenizer = TokenizeEndpoints(self.service)
         self.embeddings = EmbeddingEndpoints(self.service)
@@ -232,7 +243,7 @@ class Routes:
         )
         self.batch_keeper = keeper
         self.status = StatusEndpoint(
-            self.service, self.activity, keeper, self.keys, self.open_sockets
+            self.service, self.activity, keeper, self.keys, self.open_sockets, self.mcp
         )
         self.batches = BatchRoutes(
             FileEndpoints(keeper), BatchEndpoints(keeper), MessageBatchEndpoints(keeper)

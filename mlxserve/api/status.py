@@ -13,6 +13,7 @@ from mlxserve.api.websocket import OpenSockets
 from mlxserve.keys.caller import current_caller
 from mlxserve.keys.gate import KeyGate
 from mlxserve.keys.store import day_of
+from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol.errors import ServiceError
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.activity import Activity
@@ -27,6 +28,7 @@ class StatusEndpoint:
     batches: BatchKeeper
     keys: KeyGate
     sockets: OpenSockets
+    mcp: McpHub
 
     def status(self) -> dict:
         worker, provider = self.service.worker, self.service.provider
@@ -59,7 +61,13 @@ class StatusEndpoint:
             ],
             "batches": self._batches(),
             "usage": self._usage_today(),
+            "mcp_servers": self._mcp_servers(),
         }
+
+    def _mcp_servers(self) -> list[dict]:
+        """The MCP servers and their tools; what runs them (commands, URLs) to admins only."""
+        admin = current_caller().admin
+        return [s if admin else {**s, "target": None} for s in self.mcp.states()]
 
     def _usage_today(self) -> list[dict]:
         """Today's usage by key and model: the caller's own, or every key's for an admin."""

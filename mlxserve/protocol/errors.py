@@ -22,6 +22,7 @@ class ErrorKind(Enum):
     OVERLOADED = "overloaded"  # too much work now: retry after `retry_after` seconds
     RATE_LIMITED = "rate_limited"  # over an API key's rate or concurrency limit
     QUOTA_EXCEEDED = "quota_exceeded"  # an API key's tokens for the day are spent
+    DEPENDENCY_FAILED = "dependency_failed"  # a tool server the request names did not answer
     INTERNAL = "internal"  # a bug
 
 
@@ -73,6 +74,10 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 def not_found(message: str, param: str | None = None, code: str | None = None) -> ServiceError:
     return ServiceError(ErrorKind.NOT_FOUND, message, param, code)
+
+
+def dependency_failed(message: str, param: str, code: str) -> ServiceError:
+    return ServiceError(ErrorKind.DEPENDENCY_FAILED, message, param, code)
 
 
 def unavailable(message: str) -> ServiceError:

@@ -21,6 +21,7 @@ STATUS = {
     ErrorKind.OVERLOADED: (529, "overloaded_error"),
     ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
     ErrorKind.QUOTA_EXCEEDED: (429, "rate_limit_error"),
+    ErrorKind.DEPENDENCY_FAILED: (424, "api_error"),
     ErrorKind.INTERNAL: (500, "api_error"),
 }
 

@@ -20,6 +20,7 @@ STATUS = {
     ErrorKind.OVERLOADED: 503,
     ErrorKind.RATE_LIMITED: 429,
     ErrorKind.QUOTA_EXCEEDED: 429,
+    ErrorKind.DEPENDENCY_FAILED: 424,
     ErrorKind.INTERNAL: 500,
 }
 

@@ -20,6 +20,7 @@ STATUS = {
     ErrorKind.OVERLOADED: (503, "server_error"),
     ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
     ErrorKind.QUOTA_EXCEEDED: (429, "insufficient_quota"),
+    ErrorKind.DEPENDENCY_FAILED: (424, "external_connector_error"),
     ErrorKind.INTERNAL: (500, "server_error"),
 }
 

@@ -223,6 +223,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/status", "What the web app shows", "server", {JSON: s.STATUS}),
     Operation("GET", "/v1/usage", "An API key's usage by day and model", "keys", {JSON: s.USAGE_LIST}, query={"start": DAY, "end": DAY, "key": s.STRING}),
     Operation("GET", "/v1/keys", "The API keys (never their secrets)", "admin", {JSON: s.KEY_LIST}, admin=True),
+    Operation("GET", "/v1/mcp/servers", "The MCP servers of --mcp-config: state and tools", "admin", {JSON: s.MCP_SERVER_LIST}, admin=True),
     Operation("GET", "/openapi.json", "This document (no key needed)", "server", {JSON: s.OPENAPI}),
 )  # fmt: skip
 

@@ -261,12 +261,24 @@ DELETED_MESSAGE_BATCH = obj({"id": STRING, "type": {"const": "message_batch_dele
 # The server ------------------------------------------------------------------------------
 
 HEALTH = obj({"status": STRING}, {"model": STRING, "prompt_cache_disk": OBJECT})
+MCP_SERVER = obj(
+    {
+        "name": STRING,
+        "transport": {"enum": ["stdio", "http"]},
+        "target": {"type": ["string", "null"]},  # null to a key that is not an admin's
+        "state": {"enum": ["starting", "ready", "restarting"]},
+        "tools": array(STRING),
+        "error": {"type": ["string", "null"]},
+        "restarts": INTEGER,
+    }
+)
 STATUS = obj(
     {
         "object": {"const": "status"},
         "warnings": array(STRING),
         "requests": obj({"running": INTEGER, "waiting": INTEGER}),
         "websockets": INTEGER,
+        "mcp_servers": array(MCP_SERVER),
         "models": array(OBJECT),
         "recent": array(OBJECT),
         "batches": OBJECT,
@@ -293,6 +305,7 @@ USAGE_LIST = obj(
         "total": ref("Metered"),
     }
 )
+MCP_SERVER_LIST = obj({"object": {"const": "list"}, "data": array(MCP_SERVER)})
 KEY_LIST = obj(
     {
         "object": {"const": "list"},

@@ -6,6 +6,7 @@ items are gathered into one neutral assistant message."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
@@ -108,6 +109,64 @@ class ItemReference(Strict):
     id: str
 
 
+class McpListToolsItem(Strict):
+    """The tools an MCP server listed: kept for the turns that continue (they are not
+    listed again), never in the prompt (the tools are offered as the request names them)."""
+
+    type: Literal["mcp_list_tools"]
+    id: str | None = None
+    server_label: str
+    tools: list[dict]
+    error: str | dict | None = None
+
+
+class McpCallItem(Strict):
+    """A call to an MCP tool that the server ran: in the prompt, the model's call and its
+    output (or its error) as the tool's reply; a call that was approved first is already
+    in the prompt (its approval request), and adds the reply only."""
+
+    type: Literal["mcp_call"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: str | dict | None = None
+    approval_request_id: str | None = None
+
+    def reply(self) -> str:
+        if self.output is not None:
+            return self.output
+        error = self.error
+        if isinstance(error, dict):
+            error = error.get("message") or json.dumps(error.get("content", error))
+        return f"Error: {error or 'the call gave no output'}"
+
+
+class McpApprovalRequestItem(Strict):
+    """A call to an MCP tool waiting for the user's approval: the model's call."""
+
+    type: Literal["mcp_approval_request"]
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpApprovalResponseItem(Strict):
+    """The user's answer to an approval request: approved, the call runs (its mcp_call
+    item holds the reply); denied, the model is told so as the call's reply."""
+
+    type: Literal["mcp_approval_response"]
+    id: str | None = None
+    approval_request_id: str
+    approve: bool
+    reason: str | None = None
+
+    def denial(self) -> str:
+        return "The user did not approve this call" + (f": {self.reason}" if self.reason else ".")
+
+
 class OtherItem(Strict):
     """An item of a hosted tool or feature (web_search_call, mcp_call...): refused."""
 
@@ -134,6 +193,10 @@ KNOWN = {
     "compaction": "CompactionItem",
     "compaction_trigger": "CompactionTrigger",
     "item_reference": "ItemReference",
+    "mcp_list_tools": "McpListToolsItem",
+    "mcp_call": "McpCallItem",
+    "mcp_approval_request": "McpApprovalRequestItem",
+    "mcp_approval_response": "McpApprovalResponseItem",
 }
 InputItem = Annotated[
     Annotated[MessageItem, Tag("MessageItem")]
@@ -143,6 +206,10 @@ InputItem = Annotated[
     | Annotated[CompactionItem, Tag("CompactionItem")]
     | Annotated[CompactionTrigger, Tag("CompactionTrigger")]
     | Annotated[ItemReference, Tag("ItemReference")]
+    | Annotated[McpListToolsItem, Tag("McpListToolsItem")]
+    | Annotated[McpCallItem, Tag("McpCallItem")]
+    | Annotated[McpApprovalRequestItem, Tag("McpApprovalRequestItem")]
+    | Annotated[McpApprovalResponseItem, Tag("McpApprovalResponseItem")]
     | Annotated[OtherItem, Tag("OtherItem")],
     Discriminator(_item_kind),
 ]
@@ -168,6 +235,7 @@ class Conversation:
     files: FileInputs | None = None  # where file ids are read (None: they are refused)
     _out: list[neutral.Message] = field(default_factory=list, init=False)
     _turn: _AssistantTurn | None = field(default=None, init=False)
+    _replies: list[neutral.Message] = field(default_factory=list, init=False)  # MCP outputs
 
     def messages(self, items: list, instructions: str | None) -> tuple[neutral.Message, ...]:
         for i, item in enumerate(items):
@@ -178,6 +246,22 @@ class Conversation:
                 self._assistant(where).calls.append(
                     neutral.ToolCall(item.call_id, item.name, item.arguments)
                 )
+            elif isinstance(item, McpCallItem | McpApprovalRequestItem):
+                call_id = getattr(item, "approval_request_id", None) or item.id
+                if call_id == item.id:  # not asked for approval before: the call is new
+                    call = neutral.ToolCall(item.id, item.name, item.arguments)
+                    self._assistant(where).calls.append(call)
+                if isinstance(item, McpCallItem):
+                    reply = neutral.Message("tool", item.reply(), where, tool_call_id=call_id)
+                    self._replies.append(reply)  # after the turn that holds the call
+            elif isinstance(item, McpApprovalResponseItem):
+                if not item.approve:
+                    reply = neutral.Message(
+                        "tool", item.denial(), where, tool_call_id=item.approval_request_id
+                    )
+                    self._replies.append(reply)
+            elif isinstance(item, McpListToolsItem):
+                continue
             elif isinstance(item, MessageItem) and item.role == "assistant":
                 if self._turn is not None and self._turn.calls:
                     self._flush()
@@ -213,18 +297,20 @@ class Conversation:
         return self._turn
 
     def _flush(self) -> None:
+        """The assistant turn so far, then the replies to its MCP calls."""
         turn, self._turn = self._turn, None
-        if turn is None:
-            return
-        self._out.append(
-            neutral.Message(
-                "assistant",
-                tuple(turn.parts),
-                turn.param,
-                tool_calls=tuple(turn.calls),
-                reasoning="\n".join(turn.reasoning) or None,
+        if turn is not None:
+            self._out.append(
+                neutral.Message(
+                    "assistant",
+                    tuple(turn.parts),
+                    turn.param,
+                    tool_calls=tuple(turn.calls),
+                    reasoning="\n".join(turn.reasoning) or None,
+                )
             )
-        )
+        self._out += self._replies
+        self._replies = []
 
 
 def _reasoning_text(item: ReasoningItem, own: bool, where: str) -> str | None:

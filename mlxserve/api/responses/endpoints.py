@@ -19,12 +19,20 @@ from mlxserve.api.responses.conversations import ConversationEndpoints
 from mlxserve.api.responses.files import FileInputs
 from mlxserve.api.responses.items import kept, substituted
 from mlxserve.api.responses.last import LastResponse
-from mlxserve.api.responses.output import ResponseBuilder, ResponseStream
-from mlxserve.api.responses.requests import Resolved, ResponsesRequest, chat_request
+from mlxserve.api.responses.mcp import McpRound, McpToolSpec, McpTurn, not_run
+from mlxserve.api.responses.mcp import turn as mcp_turn
+from mlxserve.api.responses.output import MCP_APPROVAL, ResponseBuilder, ResponseStream
+from mlxserve.api.responses.requests import (
+    FunctionTool,
+    Resolved,
+    ResponsesRequest,
+    chat_request,
+)
 from mlxserve.api.responses.store import ResponseStore, StoredResponse
 from mlxserve.api.sse import EventSink, SSEWriter, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.conversations.store import ConversationStore
+from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol.errors import bad_request, not_found
 from mlxserve.protocol.request import ChatRequest
 from mlxserve.service.chat import ChatService
@@ -32,6 +40,8 @@ from mlxserve.service.results import Choice, Usage
 
 # Reasoning goes out as reasoning items whatever --reasoning-format says.
 REASONING_FORMAT = "separate"
+# Rounds of MCP calls in one response at most, where max_tool_calls does not say.
+MAX_MCP_ROUNDS = 32
 _ITEMS = TypeAdapter(list[InputItem])
 MB = 1 << 20
 
@@ -40,6 +50,7 @@ MB = 1 << 20
 class ResponsesEndpoints:
     service: ChatService
     files: FileInputs  # the uploaded files a request may name
+    mcp: McpHub  # the MCP servers of --mcp-config, whose tools `mcp` tools name
     store: ResponseStore = field(init=False)
     conversations: ConversationEndpoints = field(init=False)
 
@@ -68,9 +79,13 @@ class ResponsesEndpoints:
         wire = self._resolved(request)
         history = self._history(wire, last)
         keep = self._keeper(wire, history, last)
-        chat = self._chat(wire, history)
+        mcp = self._mcp_turn(wire, history)
+        approved = mcp.approved(_given(wire), history) if mcp else []
+        chat = self._chat(wire, history, mcp.round(approved) if mcp else None)
         if wire.compaction_triggered:
             return self._compaction(wire, chat, client_gone, sink, keep)
+        if mcp is not None:
+            return self._rounds(wire, history, mcp, approved, client_gone, sink, keep)
         prepared = self.service.prepare_chat(chat, REASONING_FORMAT)
         fmt = self._builder(wire, prepared.texts if wire.logprobs is not None else None)
         run = self.service.run(prepared, client_gone)
@@ -157,9 +172,112 @@ class ResponsesEndpoints:
         sse.close()
         return None
 
-    def _chat(self, wire: Resolved, history: list[dict], warmup: bool = False) -> ChatRequest:
-        """The neutral request: the history (`_history`), then the input."""
-        return chat_request(wire, _ITEMS.validate_python(history), self.files, warmup)
+    def _chat(
+        self,
+        wire: Resolved,
+        history: list[dict],
+        mcp: McpRound | None = None,
+        warmup: bool = False,
+    ) -> ChatRequest:
+        """The neutral request: the history (`_history`), then the input (then, with MCP
+        tools, the turn's earlier rounds)."""
+        return chat_request(wire, _ITEMS.validate_python(history), self.files, warmup, mcp)
+
+    def _mcp_turn(self, wire: Resolved, history: list[dict]) -> McpTurn | None:
+        tools = wire.tools or []
+        specs = [(i, tool) for i, tool in enumerate(tools) if isinstance(tool, McpToolSpec)]
+        own = {tool.name for tool in tools if isinstance(tool, FunctionTool)}
+        return mcp_turn(specs, self.mcp, history, own)
+
+    def _rounds(
+        self,
+        wire: Resolved,
+        history: list[dict],
+        mcp: McpTurn,
+        approved: list[dict],
+        client_gone: Callable[[], bool],
+        sink: EventSink | None,
+        keep,
+    ) -> dict | None:
+        """A turn with MCP tools: the calls the input approves run, then rounds of
+        generation, each continued (from the prompt cache) by the outputs of the MCP calls
+        the one before made, until a round makes none (the answer, calls for the client,
+        calls to approve) or MAX_MCP_ROUNDS are done."""
+        fmt = self._builder(wire, None, mcp)
+        fmt.earlier += [mcp.call(item) for item in approved]
+        stream = ResponseStream(sink, fmt) if sink is not None else None
+        keepalive = (
+            sink.keepalive(self.service.config.keepalive_seconds, stream.keepalive)
+            if sink is not None and stream is not None
+            else lambda: None
+        )
+        usage, calls, choice = Usage(), 0, None
+        try:
+            if stream is not None:
+                stream.earlier()
+            for _ in range(MAX_MCP_ROUNDS):
+                exhausted = wire.max_tool_calls is not None and calls >= wire.max_tool_calls
+                chat = self._chat(wire, history, mcp.round(fmt.earlier, exhausted))
+                prepared = self.service.prepare_chat(chat, REASONING_FORMAT)
+                fmt.texts = prepared.texts if wire.logprobs is not None else None
+                run = self.service.run(prepared, client_gone)
+                choice, response = self._round(run, fmt, stream, usage, keepalive)
+                usage = _sum(usage, run.usage)
+                if response is not None:
+                    break
+                items = [fmt.item(i, block) for i, block in enumerate(choice.blocks)]
+                ran = []
+                for item in items:
+                    if item["type"] == "mcp_call":
+                        limit = wire.max_tool_calls
+                        item = mcp.call(item) if limit is None or calls < limit else not_run(item)
+                        calls += 1
+                    ran.append(item)
+                fmt.next_round(ran)
+                if stream is not None:
+                    stream.ran(ran)
+                if any(item["type"] in ("function_call", MCP_APPROVAL) for item in ran):
+                    response = fmt.response("completed", usage=usage)
+                    if stream is not None:
+                        stream.finish(response)
+                    break
+            else:
+                response = fmt.response("incomplete", usage=usage)
+                response["incomplete_details"] = {"reason": "max_tool_calls"}
+                if stream is not None:
+                    stream.finish(response)
+        except Exception as e:
+            if stream is None or sink is None:
+                raise
+            response = stream.fail(stream_failure(sink, e), choice)
+        keep(response)
+        if sink is None:
+            return response
+        sink.close()
+        return None
+
+    def _round(
+        self,
+        run,
+        fmt: ResponseBuilder,
+        stream: ResponseStream | None,
+        before: Usage,
+        keepalive: Callable[[], None],
+    ) -> tuple[Choice, dict | None]:
+        """One round's generation, streamed where asked; its final choice, and the
+        response where the round ends the turn (None where its MCP calls run next)."""
+        choice, response = None, None
+        for step in run.steps(keepalive):
+            fmt.place_logprobs(step)
+            choice = step.choice
+            if stream is not None:
+                response = stream.step(step, _sum(before, run.usage)) or response
+        assert choice is not None  # a run's steps end with a finished choice
+        if fmt.continues(choice):
+            return choice, None
+        if response is None:
+            response = fmt.response(_status(choice), choice, _sum(before, run.usage))
+        return choice, response
 
     def _history(self, wire: Resolved, last: LastResponse | None = None) -> list[dict]:
         """The items before the input: the chain `previous_response_id` continues (the
@@ -208,7 +326,9 @@ class ResponsesEndpoints:
             code="item_not_found",
         )
 
-    def _builder(self, wire: ResponsesRequest, texts) -> ResponseBuilder:
+    def _builder(
+        self, wire: ResponsesRequest, texts, mcp: McpTurn | None = None
+    ) -> ResponseBuilder:
         return ResponseBuilder(
             wire.model or self.service.provider.alias,
             self._settings(wire),
@@ -216,6 +336,9 @@ class ResponsesEndpoints:
             encrypted=wire.encrypted_reasoning,
             namespaces=wire.namespaces,
             texts=texts,
+            mcp=mcp.labels() if mcp else {},
+            approval=mcp.approval if mcp else frozenset(),
+            earlier=list(mcp.listed) if mcp else [],
         )
 
     def _keeper(self, wire: Resolved, history: list[dict], last: LastResponse | None):
@@ -315,6 +438,20 @@ class ResponsesEndpoints:
             "truncation": wire.truncation,
             "user": wire.user,
         }
+
+
+def _given(wire: Resolved) -> list:
+    """The input's items (a string input has none)."""
+    return [] if isinstance(wire.input, str) else wire.input
+
+
+def _sum(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        a.prompt_tokens + b.prompt_tokens,
+        a.completion_tokens + b.completion_tokens,
+        a.cached_tokens + b.cached_tokens,
+        a.reasoning_tokens + b.reasoning_tokens,
+    )
 
 
 def _status(choice: Choice) -> str:

@@ -17,6 +17,8 @@ from mlxserve.service.run import Step
 from mlxserve.service.token_texts import TokenTexts
 
 ID_PREFIXES = {"reasoning": "rs", "text": "msg", "tool_call": "fc"}
+MCP_CALL, MCP_APPROVAL = "mcp_call", "mcp_approval_request"  # calls the server runs
+CALL_PREFIXES = {MCP_CALL: "mcp", MCP_APPROVAL: "mcpr"}
 
 
 def new_id(prefix: str) -> str:
@@ -48,6 +50,10 @@ class ResponseBuilder:
     encrypted: bool = False  # reasoning items carry encrypted_content
     namespaces: dict[str, str] = field(default_factory=dict)  # function -> its namespace
     texts: TokenTexts | None = None  # token texts for logprobs; None: none asked for
+    mcp: dict[str, str] = field(default_factory=dict)  # an MCP tool -> its server_label
+    approval: frozenset[str] = frozenset()  # the MCP tools whose calls wait for approval
+    # the output before this round's: the MCP tools listed, earlier rounds' items
+    earlier: list[dict] = field(default_factory=list)
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     _item_ids: list[str] = field(default_factory=list)
@@ -100,8 +106,29 @@ class ResponseBuilder:
         while len(self._item_ids) <= index:
             self._item_ids.append("")
         if not self._item_ids[index]:
-            self._item_ids[index] = new_id(ID_PREFIXES[block.kind])
+            kind = self.mcp_kind(block)
+            prefix = CALL_PREFIXES[kind] if kind else ID_PREFIXES[block.kind]
+            self._item_ids[index] = new_id(prefix)
         return self._item_ids[index]
+
+    def mcp_kind(self, block: Block) -> str | None:
+        """A call to an MCP tool (run by the server, or asked to be approved first); None:
+        not a call, or one for the client."""
+        if block.kind != "tool_call" or block.name not in self.mcp:
+            return None
+        return MCP_APPROVAL if block.name in self.approval else MCP_CALL
+
+    def continues(self, choice: Choice) -> bool:
+        """Whether a finished round made calls the server runs now: they run before the
+        response goes on (or ends, where it also asks for approval or calls the client)."""
+        kinds = map(self.mcp_kind, choice.blocks)
+        return choice.finish_reason == "tool_calls" and MCP_CALL in kinds
+
+    def next_round(self, items: list[dict]) -> None:
+        """A round is over: its items (its MCP calls with their outcomes) come before the
+        next round's."""
+        self.earlier += items
+        self._item_ids, self._logprobs, self._unplaced = [], {}, []
 
     def response(
         self,
@@ -110,10 +137,10 @@ class ResponseBuilder:
         usage: Usage | None = None,
         error: ServiceError | None = None,
     ) -> dict:
-        output = []
+        output = list(self.earlier)
         if choice is not None:
             last = len(choice.blocks) - 1
-            output = [
+            output += [
                 self.item(i, block, "incomplete" if status != "completed" and i == last else None)
                 for i, block in enumerate(choice.blocks)
             ]
@@ -140,6 +167,26 @@ class ResponseBuilder:
         if block.kind == "text":
             content = [self._text(index, block.text)]
             return {**base, "type": "message", "role": "assistant", "content": content}
+        kind = self.mcp_kind(block)
+        if kind == MCP_APPROVAL:
+            return {
+                "id": base["id"],
+                "type": kind,
+                "server_label": self.mcp[block.name],
+                "name": block.name,
+                "arguments": block.text,
+            }
+        if kind == MCP_CALL:
+            return {
+                **base,
+                "type": kind,
+                "server_label": self.mcp[block.name],
+                "name": block.name,
+                "arguments": block.text,
+                "output": None,
+                "error": None,
+                "approval_request_id": None,
+            }
         call = {**base, "type": "function_call", "call_id": block.call_id, "name": block.name}
         call["arguments"] = block.text
         if block.name in self.namespaces:
@@ -168,6 +215,7 @@ class ResponseStream:
         self._open: int | None = None  # the index of the block being written
         self._open_id = ""  # its item's id
         self._count = 0  # blocks started
+        self._base = len(fmt.earlier)  # the output index of this round's first block
 
     def keepalive(self) -> None:
         """While the prompt is processed: the response starts, comments keep it alive."""
@@ -184,7 +232,9 @@ class ResponseStream:
                 self._open_item(choice)
                 continue
             if isinstance(event, ToolCallArguments):
-                self._send("response.function_call_arguments.delta", delta=event.text)
+                kind = self._call_kind(choice)
+                if kind is not None:  # an approval request has no argument events
+                    self._send(f"response.{kind}_arguments.delta", delta=event.text)
                 continue
             kind = "reasoning" if isinstance(event, Reasoning) else "text"
             if self._open is None or choice.blocks[self._open].kind != kind:
@@ -205,11 +255,49 @@ class ResponseStream:
                 )
         if not step.finished:
             return None
+        if self._fmt.continues(choice):  # its MCP calls run, then the next round
+            self._close_item(choice, "completed")
+            return None
         status = "incomplete" if choice.finish_reason == "length" else "completed"
         self._close_item(choice, status)
         response = self._fmt.response(status, choice, usage)
         self._send_response(f"response.{status}", response)
         return response
+
+    def earlier(self) -> None:
+        """The items a response with MCP tools opens with: the servers' tool lists, and
+        the calls the input approved, run."""
+        self._start()
+        for index, item in enumerate(self._fmt.earlier):
+            self._open, self._open_id = index - self._base, item["id"]
+            if item["type"] == "mcp_list_tools":
+                self._item_event("response.output_item.added", item={**item, "tools": []})
+                self._send("response.mcp_list_tools.in_progress")
+                self._send("response.mcp_list_tools.completed")
+            else:
+                added = {**item, "status": "in_progress", "output": None, "error": None}
+                self._item_event("response.output_item.added", item=added)
+                self._send("response.mcp_call.in_progress")
+                self._send("response.mcp_call_arguments.done", arguments=item["arguments"])
+                self._send(f"response.mcp_call.{item['status']}")
+            self._item_event("response.output_item.done", item=item)
+        self._open = None
+
+    def ran(self, items: list[dict]) -> None:
+        """A round's MCP calls ran: each call's outcome, its item done; the next round's
+        items follow these."""
+        for index, item in enumerate(items):
+            if item["type"] != MCP_CALL:
+                continue
+            self._open, self._open_id = index, item["id"]
+            self._send(f"response.mcp_call.{item['status']}")
+            self._item_event("response.output_item.done", item=item)
+        self._open, self._count = None, 0
+        self._base += len(items)
+
+    def finish(self, response: dict) -> None:
+        """A response whose last round ran its calls (it also called the client's)."""
+        self._send_response("response.completed", response)
 
     def whole(self, response: dict) -> None:
         """Send a response whose items were made whole, not generated as they stream (a
@@ -245,11 +333,14 @@ class ResponseStream:
         block = choice.blocks[self._open]
         item = self._fmt.item(self._open, Block(block.kind, "", block.call_id, block.name))
         self._open_id = item["id"]
-        item["status"] = "in_progress"
+        if "status" in item:  # an approval request has none
+            item["status"] = "in_progress"
         if block.kind != "tool_call":  # the parts are added by their own events
             item = {**item, "content": []} | ({"summary": []} if block.kind == "reasoning" else {})
             item.pop("encrypted_content", None)
         self._item_event("response.output_item.added", item=item)
+        if self._fmt.mcp_kind(block) == MCP_CALL:
+            self._send("response.mcp_call.in_progress")
         if block.kind == "text":
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             self._send("response.content_part.added", content_index=0, part=part)
@@ -279,6 +370,12 @@ class ResponseStream:
                 self._send("response.reasoning_summary_text.done", summary_index=0, text=block.text)
                 part = {"type": "summary_text", "text": block.text}
                 self._send("response.reasoning_summary_part.done", summary_index=0, part=part)
+        elif self._fmt.mcp_kind(block) == MCP_APPROVAL:
+            pass  # made whole at once
+        elif self._fmt.mcp_kind(block) == MCP_CALL:
+            self._send("response.mcp_call_arguments.done", arguments=block.text)
+            self._open = None
+            return  # done once it has run (ran)
         else:
             self._send(
                 "response.function_call_arguments.done", name=block.name, arguments=block.text
@@ -286,14 +383,23 @@ class ResponseStream:
         self._item_event("response.output_item.done", item=item)
         self._open = None
 
+    def _call_kind(self, choice: Choice) -> str | None:
+        """Whose arguments events the open call's are; None: it has none."""
+        assert self._open is not None
+        kind = self._fmt.mcp_kind(choice.blocks[self._open])
+        return None if kind == MCP_APPROVAL else kind or "function_call"
+
     # Events -----------------------------------------------------------------------------
 
     def _send(self, kind: str, **fields) -> None:
         """An event about the open item."""
-        self._event(kind, item_id=self._open_id, output_index=self._open, **fields)
+        self._event(kind, item_id=self._open_id, output_index=self._index(), **fields)
 
     def _item_event(self, kind: str, item: dict) -> None:
-        self._event(kind, output_index=self._open, item=item)
+        self._event(kind, output_index=self._index(), item=item)
+
+    def _index(self) -> int | None:
+        return None if self._open is None else self._base + self._open
 
     def _send_response(self, kind: str, response: dict) -> None:
         self._event(kind, response=response)

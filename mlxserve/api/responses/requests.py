@@ -17,6 +17,7 @@ from pydantic import (
 from mlxserve.api.quirks import leave_out_hosted_tools
 from mlxserve.api.responses.conversation import CompactionTrigger, Conversation, InputItem
 from mlxserve.api.responses.files import FileInputs
+from mlxserve.api.responses.mcp import McpRound, McpToolSpec
 from mlxserve.api.wire import (
     Strict,
     ToolCallGrammar,
@@ -82,12 +83,14 @@ class HostedTool(Strict):
 def _tool_kind(value) -> str:
     """The tool's model; tags are the models' names, which error locations leave out."""
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return {"function": "FunctionTool", "namespace": "NamespaceTool"}.get(str(kind), "HostedTool")
+    known = {"function": "FunctionTool", "namespace": "NamespaceTool", "mcp": "McpToolSpec"}
+    return known.get(str(kind), "HostedTool")
 
 
 Tool = Annotated[
     Annotated[FunctionTool, Tag("FunctionTool")]
     | Annotated[NamespaceTool, Tag("NamespaceTool")]
+    | Annotated[McpToolSpec, Tag("McpToolSpec")]
     | Annotated[HostedTool, Tag("HostedTool")],
     Discriminator(_tool_kind),
 ]
@@ -207,7 +210,7 @@ class ResponsesRequest(Strict):
     parallel_tool_calls: bool = True
     tool_call_grammar: ToolCallGrammar | None = None  # ours: "off" leaves calls unguided
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_tool_calls: Annotated[int, Field(ge=1)] | None = None  # echoed, not enforced
+    max_tool_calls: Annotated[int, Field(ge=1)] | None = None  # bounds MCP calls (mcp.md)
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
@@ -317,10 +320,12 @@ def chat_request(
     history: list[InputItem],
     files: FileInputs | None = None,
     warmup: bool = False,
+    mcp: McpRound | None = None,
 ) -> neutral.ChatRequest:
     """`history`: the items of the stored responses `previous_response_id` continues, or
     of the conversation. `warmup`: a WebSocket's `generate: false`, which answers nothing
-    and may hold the instructions alone."""
+    and may hold the instructions alone. `mcp`: the MCP tools offered, and the items of
+    this response's earlier rounds (its calls and their outputs), after the input."""
     items = [*history, *([] if isinstance(wire.input, str) else wire.input)]
     own = frozenset(range(len(history))) | {len(history) + i for i in wire.referenced}
     field = "conversation" if wire.conversation is not None else "previous_response_id"
@@ -328,6 +333,8 @@ def chat_request(
     messages = conversation.messages(items, wire.instructions)
     if isinstance(wire.input, str):
         messages += (neutral.Message("user", wire.input, "input"),)
+    if mcp is not None:
+        messages += mcp.messages()
     if not warmup and not any(m.role != "system" for m in messages):
         raise bad_request("The input holds no message for the model to answer.", "input")
     reasoning = wire.reasoning
@@ -341,8 +348,8 @@ def chat_request(
         logprobs=wire.logprobs,
         messages=messages,
         messages_param="input",
-        tools=_tools(wire.tools or []),
-        tool_choice=_tool_choice(wire.tool_choice, wire.tools or []),
+        tools=_tools(wire.tools or []) + (mcp.tools if mcp else ()),
+        tool_choice=_tool_choice(wire.tool_choice, wire.tools or [], mcp),
         parallel_tool_calls=wire.parallel_tool_calls,
         reasoning_effort=EFFORTS.get(effort) if effort else None,
         template_kwargs={"enable_thinking": False} if effort == "none" else {},
@@ -356,7 +363,7 @@ def _tools(tools: list) -> tuple[neutral.Tool, ...]:
     out: dict[str, neutral.Tool] = {}
     for i, tool in enumerate(tools):
         param = f"tools[{i}]"
-        if isinstance(tool, HostedTool):
+        if isinstance(tool, HostedTool | McpToolSpec):
             continue
         functions = tool.tools if isinstance(tool, NamespaceTool) else [tool]
         for j, function in enumerate(functions):
@@ -369,8 +376,13 @@ def _tools(tools: list) -> tuple[neutral.Tool, ...]:
     return tuple(out.values())
 
 
-def _tool_choice(choice: str | dict | None, tools: list) -> neutral.ToolChoice:
-    """A named function must be one this server runs, not a hosted tool."""
+def _tool_choice(
+    choice: str | dict | None, tools: list, mcp: McpRound | None = None
+) -> neutral.ToolChoice:
+    """A named function must be one this server runs, not a hosted tool. Once a turn has
+    made its `max_tool_calls`, the model answers."""
+    if mcp is not None and mcp.exhausted:
+        choice = "none"
     if isinstance(choice, dict):
         name = choice["name"]
         hosted = [t for t in tools if isinstance(t, HostedTool) and name in (t.name, t.type)]

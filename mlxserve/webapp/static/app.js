@@ -440,6 +440,19 @@ function renderStatus(status) {
     el("td", { textContent: seconds(r.seconds) }))));
   renderBatches(status.batches);
   renderUsage(status.usage);
+  renderMcp(status.mcp_servers);
+}
+
+// The MCP servers of --mcp-config, whose tools Responses requests may use.
+function renderMcp(servers) {
+  $("mcp-note").hidden = servers.length > 0;
+  $("mcp-table").tBodies[0].replaceChildren(...servers.map((m) => el("tr", {},
+    el("td", { textContent: m.name }),
+    el("td", { textContent: m.transport }),
+    el("td", { className: "state", textContent: m.state }),
+    el("td", { textContent: m.tools.join(", ") || "—" }),
+    el("td", { textContent: m.restarts }),
+    el("td", { textContent: m.error || "—" }))));
 }
 
 // Today's use per API key and model (a key sees its own; an admin key, everyone's).

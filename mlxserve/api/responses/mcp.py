@@ -1,0 +1,270 @@
+"""The Responses API's `mcp` tools: tools of an MCP server the server runs itself. A tool
+names a server of `--mcp-config` by its `server_label`; its tools (those `allowed_tools`
+lets through) are offered to the model as functions; the model's calls to them run here
+and their outputs go back into the prompt, until the model answers (endpoints.py runs the
+rounds). The output holds an `mcp_list_tools` item per server and an `mcp_call` item per
+call, as OpenAI's does."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST
+from pydantic import TypeAdapter
+
+from mlxserve.api.responses.conversation import (
+    Conversation,
+    InputItem,
+    McpApprovalResponseItem,
+)
+from mlxserve.api.responses.output import new_id
+from mlxserve.api.wire import Strict
+from mlxserve.mcp.hub import CallOutcome, McpHub, McpTool, McpUnknownServer, protocol_error
+from mlxserve.protocol import request as neutral
+from mlxserve.protocol.errors import bad_request, dependency_failed
+
+
+class ToolFilter(Strict):
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+    def matches(self, tool: McpTool) -> bool:
+        named = self.tool_names is None or tool.name in self.tool_names
+        return named and (self.read_only is None or tool.read_only == self.read_only)
+
+
+class ApprovalFilter(Strict):
+    always: ToolFilter | None = None
+    never: ToolFilter | None = None
+
+
+class McpToolSpec(Strict):
+    type: Literal["mcp"]
+    server_label: str
+    server_url: str | None = None
+    connector_id: str | None = None
+    tunnel_id: str | None = None
+    allowed_tools: list[str] | ToolFilter | None = None
+    headers: dict[str, str] | None = None
+    authorization: str | None = None
+    require_approval: Literal["always", "never"] | ApprovalFilter | None = None
+    server_description: str | None = None
+
+
+@dataclass(frozen=True)
+class McpFunction:
+    """An MCP tool as the model is offered it."""
+
+    server_label: str
+    tool: McpTool
+
+
+_ITEMS = TypeAdapter(list[InputItem])
+
+
+@dataclass(frozen=True)
+class McpRound:
+    """What a round of a turn with MCP tools adds to the request: the tools, the output
+    items of the rounds before (calls and their outputs, the reasoning and text around
+    them), and whether the turn's `max_tool_calls` are spent (then the model answers)."""
+
+    tools: tuple[neutral.Tool, ...]
+    items: list[dict]
+    exhausted: bool = False
+
+    def messages(self) -> tuple[neutral.Message, ...]:
+        items = _ITEMS.validate_python(self.items)
+        return Conversation(own=frozenset(range(len(items)))).messages(items, None)
+
+
+@dataclass
+class McpTurn:
+    """The request's MCP tools: by function name, those whose calls wait for approval,
+    and the `mcp_list_tools` items that listed them."""
+
+    hub: McpHub
+    functions: dict[str, McpFunction]
+    approval: frozenset[str]
+    listed: list[dict]
+
+    def tools(self) -> tuple[neutral.Tool, ...]:
+        return tuple(
+            neutral.Tool(name, f.tool.description, f.tool.input_schema)
+            for name, f in self.functions.items()
+        )
+
+    def round(self, items: list[dict], exhausted: bool = False) -> McpRound:
+        """A round after `items` (the output so far)."""
+        return McpRound(self.tools(), items, exhausted)
+
+    def labels(self) -> dict[str, str]:
+        """Function name -> the server_label its mcp_call items carry."""
+        return {name: f.server_label for name, f in self.functions.items()}
+
+    def approved(self, items: list, history: list[dict]) -> list[dict]:
+        """The calls the input's approval responses approve (`items`: the input's items),
+        to run: an mcp_call item each, with its approval_request_id."""
+        requests = {
+            item["id"]: item for item in history if item.get("type") == "mcp_approval_request"
+        }
+        ran: list[dict] = []
+        for i, item in enumerate(items):
+            if not isinstance(item, McpApprovalResponseItem):
+                continue
+            request = requests.get(item.approval_request_id)
+            if request is None:
+                raise bad_request(
+                    f"No mcp_approval_request '{item.approval_request_id}' in the "
+                    "conversation this response continues (previous_response_id).",
+                    f"input[{i}].approval_request_id",
+                )
+            if request["name"] not in self.functions:
+                raise bad_request(
+                    f"The approved call is to '{request['name']}', which none of the "
+                    "request's mcp tools offers; send the same tools as the turn before.",
+                    f"input[{i}].approval_request_id",
+                )
+            if item.approve:
+                call = {**request, "id": new_id("mcp"), "type": "mcp_call", "output": None}
+                call |= {"error": None, "approval_request_id": request["id"]}
+                ran.append(call)
+        return ran
+
+    def call(self, item: dict) -> dict:
+        """Run an mcp_call item's call; the item with its output or error."""
+        function = self.functions[item["name"]]
+        outcome = _call(self.hub, function, item["arguments"])
+        status = "failed" if outcome.error is not None else "completed"
+        return {**item, "output": outcome.output, "error": outcome.error, "status": status}
+
+
+def not_run(item: dict) -> dict:
+    """A call past the turn's max_tool_calls: the model is told, the server calls nothing."""
+    message = "Not called: the response's max_tool_calls are spent."
+    error = protocol_error(INVALID_REQUEST, message).error
+    return {**item, "output": None, "error": error, "status": "failed"}
+
+
+def turn(
+    specs: list[tuple[int, McpToolSpec]], hub: McpHub, history: list[dict], taken: set[str]
+) -> McpTurn | None:
+    """The MCP tools of a request (`specs`: each with its index in `tools`); a server's
+    tools listed earlier in the conversation (`history`'s mcp_list_tools) are not listed
+    again. `taken`: the names of the client's own functions, which an MCP tool may not
+    shadow."""
+    if not specs:
+        return None
+    earlier = {
+        item["server_label"]: item
+        for item in history
+        if item.get("type") == "mcp_list_tools" and not item.get("error")
+    }
+    functions: dict[str, McpFunction] = {}
+    approval: set[str] = set()
+    listed: list[dict] = []
+    for index, spec in specs:
+        param = f"tools[{index}]"
+        _check(spec, param)
+        if spec.server_label in earlier:
+            tools = tuple(_tool(entry) for entry in earlier[spec.server_label]["tools"])
+        else:
+            tools = _listed(hub, spec.server_label, param)
+            tools = tuple(tool for tool in tools if _allowed(spec, tool))
+            listed.append(list_item(spec.server_label, tools))
+        for tool in tools:
+            if not _allowed(spec, tool):
+                continue
+            if tool.name in functions or tool.name in taken:
+                raise bad_request(
+                    f"Two tools are named '{tool.name}' (one of MCP server "
+                    f"'{spec.server_label}'); give allowed_tools to leave one out.",
+                    f"{param}.allowed_tools",
+                )
+            functions[tool.name] = McpFunction(spec.server_label, tool)
+            if _needs_approval(spec, tool):
+                approval.add(tool.name)
+    return McpTurn(hub, functions, frozenset(approval), listed)
+
+
+def list_item(label: str, tools: tuple[McpTool, ...]) -> dict:
+    return {
+        "id": new_id("mcpl"),
+        "type": "mcp_list_tools",
+        "server_label": label,
+        "tools": [
+            {
+                "name": tool.name,
+                "description": tool.description,
+                "input_schema": tool.input_schema,
+                "annotations": tool.annotations,
+            }
+            for tool in tools
+        ],
+        "error": None,
+    }
+
+
+def _check(spec: McpToolSpec, param: str) -> None:
+    for name in ("server_url", "connector_id", "tunnel_id"):
+        if getattr(spec, name) is not None:
+            raise bad_request(
+                f"{name} is not served: name a server of the server's --mcp-config by "
+                "its server_label instead.",
+                f"{param}.{name}",
+            )
+
+
+def _listed(hub: McpHub, label: str, param: str) -> tuple[McpTool, ...]:
+    try:
+        tools = hub.tools(label)
+    except McpUnknownServer:
+        configured = ", ".join(hub.names) or "none"
+        raise bad_request(
+            f"No MCP server '{label}' in this server's --mcp-config (configured: {configured}).",
+            f"{param}.server_label",
+        ) from None
+    if tools is None:
+        raise dependency_failed(
+            f"Error retrieving tool list from MCP server '{label}': {hub.error(label)}",
+            f"{param}.server_label",
+            "mcp_server_unavailable",
+        )
+    return tools
+
+
+def _needs_approval(spec: McpToolSpec, tool: McpTool) -> bool:
+    """As OpenAI decides: every call waits for approval unless `never` (or a `never`
+    filter that matches the tool, and no `always` filter that does)."""
+    rule = spec.require_approval
+    if rule is None or isinstance(rule, str):
+        return rule != "never"
+    if rule.always is not None and rule.always.matches(tool):
+        return True
+    return rule.never is None or not rule.never.matches(tool)
+
+
+def _allowed(spec: McpToolSpec, tool: McpTool) -> bool:
+    allowed = spec.allowed_tools
+    if allowed is None:
+        return True
+    if isinstance(allowed, list):
+        return tool.name in allowed
+    return allowed.matches(tool)
+
+
+def _tool(entry: dict) -> McpTool:
+    return McpTool(
+        entry["name"], entry.get("description"), entry["input_schema"], entry.get("annotations")
+    )
+
+
+def _call(hub: McpHub, function: McpFunction, arguments: str) -> CallOutcome:
+    try:
+        parsed = json.loads(arguments or "{}")
+    except json.JSONDecodeError as e:
+        return protocol_error(INVALID_PARAMS, f"arguments: {e}")
+    if not isinstance(parsed, dict):
+        return protocol_error(INVALID_PARAMS, "arguments: expected a JSON object")
+    return hub.call(function.server_label, function.tool.name, parsed)

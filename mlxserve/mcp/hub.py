@@ -1,0 +1,349 @@
+"""The MCP servers of `--mcp-config`, connected with the official `mcp` SDK's client on a
+thread of their own (an asyncio loop), so a slow or hung server never holds up the
+generation thread or another request: HTTP handler threads wait on their own call only,
+for at most `--mcp-call-timeout`.
+
+Each server is supervised: connected at start-up, its tools listed (and listed again on
+its `tools/list_changed` notification), pinged while idle; a server that dies or stops
+answering is connected again (a stdio server restarted) after 1, 2, 4... up to 30 seconds.
+Meanwhile its calls fail at once with an error that says so, which the model sees."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+from mlxserve.mcp.config import McpServerConfig
+
+log = logging.getLogger(__name__)
+
+FIRST_RETRY, LAST_RETRY = 1.0, 30.0  # seconds before connecting again, doubling
+PING_SECONDS = 5.0  # an idle connection is pinged this often; a ping unanswered breaks it
+TOOLS_CHANGED = "notifications/tools/list_changed"
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """A tool as the server lists it."""
+
+    name: str
+    description: str | None
+    input_schema: dict
+    annotations: dict | None = None
+
+    @property
+    def read_only(self) -> bool:
+        return bool((self.annotations or {}).get("readOnlyHint"))
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What a call gave: its output as text, or an error in the shape OpenAI's `mcp_call`
+    items carry (`mcp_tool_execution_error` with the tool's content, or
+    `mcp_protocol_error` with a code and message)."""
+
+    output: str | None = None
+    error: dict | None = None
+    seconds: float = 0.0
+
+
+class McpUnknownServer(KeyError):
+    """No server of that name in --mcp-config."""
+
+
+@dataclass
+class _Connection:
+    config: McpServerConfig
+    state: str = "starting"  # starting, ready, restarting
+    tools: tuple[McpTool, ...] = ()
+    error: str | None = None  # why it last failed
+    restarts: int = 0
+    client: Client | None = None
+    broken: asyncio.Event = field(default_factory=asyncio.Event)  # set where a call failed
+    stale: asyncio.Event = field(default_factory=asyncio.Event)  # set on list_changed
+
+
+class McpHub:
+    def __init__(self, servers: tuple[McpServerConfig, ...], call_timeout: float, max_output: int):
+        self.call_timeout = call_timeout
+        self.max_output = max_output
+        self._connections = {server.name: _Connection(server) for server in servers}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._connections)
+
+    def start(self, wait: float = 30.0) -> None:
+        """Connect every server; wait up to `wait` seconds for their first tool lists (a
+        server not ready by then goes on connecting in the background)."""
+        if not self._connections or self._loop is not None:
+            return
+        loop = self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="mcp", daemon=True)
+        self._thread.start()
+        self._run(self._supervise_all()).result()
+        ready = self._run(self._first_lists())
+        try:
+            ready.result(wait)
+        except concurrent.futures.TimeoutError:
+            ready.cancel()
+        for conn in self._connections.values():
+            if conn.state != "ready":
+                log.warning("MCP server %r is not ready: %s", conn.config.name, conn.error)
+
+    def stop(self) -> None:
+        """Disconnect (stdio servers end with their pipes)."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            self._run(self._cancel_all()).result(10)
+        except concurrent.futures.TimeoutError:
+            log.warning("MCP servers did not close within 10 s")
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop = None
+
+    def states(self) -> list[dict]:
+        """Each server as `GET /v1/mcp/servers` and the status page show it."""
+        return [
+            {
+                "name": conn.config.name,
+                "transport": conn.config.transport,
+                "target": conn.config.target,
+                "state": conn.state,
+                "tools": [tool.name for tool in conn.tools],
+                "error": conn.error,
+                "restarts": conn.restarts,
+            }
+            for conn in self._connections.values()
+        ]
+
+    def tools(self, server: str) -> tuple[McpTool, ...] | None:
+        """The server's tools as last listed; None while it is not connected."""
+        conn = self._connection(server)
+        return conn.tools if conn.state == "ready" else None
+
+    def error(self, server: str) -> str | None:
+        return self._connection(server).error
+
+    def call(self, server: str, tool: str, arguments: dict) -> CallOutcome:
+        """Call a tool and wait (on the caller's thread) for its outcome; any failure,
+        a timeout included, is an outcome with an error, never an exception."""
+        conn = self._connection(server)
+        if self._loop is None:
+            return protocol_error(CONNECTION_CLOSED, f"MCP server '{server}' is not started")
+        started = self._loop.time()
+        future = self._run(self._call(conn, tool, arguments))
+        try:
+            outcome = future.result(self.call_timeout + 5)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            outcome = _timed_out(tool, self.call_timeout)
+        return CallOutcome(outcome.output, outcome.error, self._loop.time() - started)
+
+    # The loop's side ----------------------------------------------------------------------
+
+    def _run(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def _connection(self, server: str) -> _Connection:
+        if server not in self._connections:
+            raise McpUnknownServer(server)
+        return self._connections[server]
+
+    async def _supervise_all(self) -> None:
+        self._tasks = [
+            asyncio.get_running_loop().create_task(self._supervise(conn), name=name)
+            for name, conn in self._connections.items()
+        ]
+
+    async def _first_lists(self) -> None:
+        while any(c.state == "starting" for c in self._connections.values()):
+            await asyncio.sleep(0.05)
+
+    async def _cancel_all(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _supervise(self, conn: _Connection) -> None:
+        delay = FIRST_RETRY
+        while True:
+            conn.broken.clear()
+            try:
+                async with Client(_target(conn.config), message_handler=_watcher(conn)) as client:
+                    conn.tools = await _listed(client)
+                    conn.client, conn.state, conn.error = client, "ready", None
+                    delay = FIRST_RETRY
+                    log.info("MCP server %r: %d tools", conn.config.name, len(conn.tools))
+                    await self._serve(conn, client)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:  # a dead transport ends in an exception group
+                conn.error = _describe(e)
+            conn.client = None
+            conn.state = "restarting"
+            conn.restarts += 1
+            log.warning(
+                "MCP server %r failed (%s); connecting again in %.0f s",
+                conn.config.name,
+                conn.error,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, LAST_RETRY)
+
+    async def _serve(self, conn: _Connection, client: Client) -> None:
+        """Until the connection breaks: list the tools again when they change, ping while
+        idle."""
+        while not conn.broken.is_set():
+            try:
+                await asyncio.wait_for(conn.stale.wait(), PING_SECONDS)
+            except TimeoutError:
+                await _ping(client)
+                continue
+            conn.stale.clear()
+            conn.tools = await _listed(client)
+            log.info("MCP server %r: tools changed, %d now", conn.config.name, len(conn.tools))
+        raise ConnectionError(conn.error or "a call failed")
+
+    async def _call(self, conn: _Connection, tool: str, arguments: dict) -> CallOutcome:
+        client = conn.client
+        if client is None:
+            why = f": {conn.error}" if conn.error else ""
+            return protocol_error(
+                CONNECTION_CLOSED, f"MCP server '{conn.config.name}' is not connected{why}"
+            )
+        try:
+            with anyio.fail_after(self.call_timeout):
+                result = await client.call_tool(tool, arguments)
+        except TimeoutError:
+            return _timed_out(tool, self.call_timeout)
+        except Exception as e:
+            if (answer := _answer(e)) is not None:  # an error the server answered
+                return protocol_error(answer.code, answer.message)
+            conn.error = _describe(e)
+            conn.broken.set()
+            return protocol_error(
+                CONNECTION_CLOSED, f"MCP server '{conn.config.name}': {conn.error}"
+            )
+        content = [part.model_dump(mode="json", exclude_none=True) for part in result.content]
+        if result.is_error:
+            return CallOutcome(error={"type": "mcp_tool_execution_error", "content": content})
+        return CallOutcome(output=_limited(_text(content), self.max_output))
+
+
+async def _ping(client: Client) -> None:
+    """Raises where the server does not answer in time. Any answer will do: a server of
+    MCP's 2026 revision answers a ping with "method not found", and is alive."""
+    try:
+        with anyio.fail_after(PING_SECONDS):
+            await client.send_ping()
+    except Exception as e:
+        if _answer(e) is None:
+            raise
+
+
+def _answer(error: Exception):
+    """The JSON-RPC error a server answered with, or None (no answer: the connection
+    closed, the transport failed)."""
+    if isinstance(error, MCPError) and error.error.code != CONNECTION_CLOSED:
+        return error.error
+    return None
+
+
+def _target(config: McpServerConfig):
+    if config.command is not None:
+        return StdioServerParameters(
+            command=config.command, args=list(config.args), env=config.env or None, cwd=config.cwd
+        )
+    assert config.url is not None
+    return _http(config.url, config.headers)
+
+
+@asynccontextmanager
+async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    """Streamable HTTP with the configured headers (the SDK's timeouts: a reply stream may
+    stay open for minutes)."""
+    timeout = httpx2.Timeout(30.0, read=300.0)
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+def _watcher(conn: _Connection):
+    async def on_message(message) -> None:
+        if getattr(message, "method", None) == TOOLS_CHANGED:
+            conn.stale.set()
+
+    return on_message
+
+
+async def _listed(client: Client) -> tuple[McpTool, ...]:
+    tools, cursor = [], None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools += page.tools
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tuple(
+        McpTool(
+            tool.name,
+            tool.description,
+            tool.input_schema,
+            tool.annotations.model_dump(exclude_none=True) if tool.annotations else None,
+        )
+        for tool in tools
+    )
+
+
+def _text(content: list[dict]) -> str:
+    """The call's content as the model reads it: text parts as they are, others as JSON."""
+    return "\n".join(
+        part["text"] if part.get("type") == "text" else json.dumps(part) for part in content
+    )
+
+
+def _limited(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit} more characters cut by the server]"
+
+
+def protocol_error(code: int, message: str) -> CallOutcome:
+    """An outcome with an error in the shape of OpenAI's `mcp_protocol_error`."""
+    return CallOutcome(error={"type": "mcp_protocol_error", "code": code, "message": message})
+
+
+def _timed_out(tool: str, seconds: float) -> CallOutcome:
+    return protocol_error(REQUEST_TIMEOUT, f"The call to '{tool}' timed out after {seconds:g} s.")
+
+
+def _describe(error: BaseException) -> str:
+    """The innermost cause of a failure, in a line."""
+    while getattr(error, "exceptions", None):  # an exception group: its first
+        error = error.exceptions[0]  # type: ignore[attr-defined]
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

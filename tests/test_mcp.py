@@ -1,0 +1,323 @@
+"""MCP tools the server runs (--mcp-config), through the Responses API's `mcp` tools, with
+the `openai` SDK as it ships: MCP servers written with the official `mcp` SDK
+(helpers/mcp_tools.py) over stdio and over streamable HTTP on loopback; tiny-tool-agent calls
+the shell tool when the user asks for it and answers AGENT_REPLY from its result.
+
+Each call's outcome is asserted exactly (the output the server gave, the error a failing or
+hung tool gave), the turn goes on from the prompt cache, approvals both ways, allowed_tools,
+a killed stdio server restarted, and the 400s and 424 of requests the server cannot serve."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conversations import AGENT_REPLY, COMMAND, instruction
+from helpers.server import CHAT
+from helpers.sse import stream
+from openai import BadRequestError, OpenAI
+
+HELPER = str(Path(__file__).parent / "helpers" / "mcp_tools.py")
+RAN = "ran: "  # helpers/mcp_tools.py's shell tool's output, then the command
+TOOLS = ["bash", "broken", "wait"]
+CALL_TIMEOUT = 3
+NEVER = {"require_approval": "never"}
+
+
+def stdio(**env: str) -> dict:
+    return {"command": sys.executable, "args": [HELPER], "env": env}
+
+
+@pytest.fixture(scope="module")
+def remote_url() -> str:
+    """The helper over streamable HTTP on a free loopback port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, HELPER, "http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the HTTP MCP server did not start"
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/mcp"
+    process.terminate()
+    process.wait(10)
+
+
+def config_file(tmp_path_factory, servers: dict) -> str:
+    path = tmp_path_factory.mktemp("mcp") / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def mcp_server(launch_module, tool_agent_model, tmp_path_factory, remote_url):
+    servers = {
+        "tests": stdio(),
+        "remote": {"url": remote_url},
+        "failing": stdio(MCP_TESTS_BASH="raise"),
+        "hung": stdio(MCP_TESTS_BASH="hang"),
+        "down": {"command": "/nonexistent/mcp-server"},
+    }
+    path = config_file(tmp_path_factory, servers)
+    return launch_module(
+        tool_agent_model, "--mcp-config", path, "--mcp-call-timeout", str(CALL_TIMEOUT)
+    )
+
+
+@pytest.fixture(scope="module")
+def client(mcp_server) -> OpenAI:
+    return OpenAI(base_url=mcp_server.base_url, api_key="none", max_retries=0)
+
+
+def ask(client: OpenAI, server: str = "tests", **extra):
+    tool = {"type": "mcp", "server_label": server, **extra.pop("tool", NEVER)}
+    return client.responses.create(
+        model="default", input=instruction("bash"), tools=[tool], **extra
+    )
+
+
+def only(items, kind: str):
+    (item,) = [item for item in items if item.type == kind]
+    return item
+
+
+@pytest.mark.parametrize("server", ["tests", "remote"], ids=["stdio", "http"])
+def test_a_call_runs_on_the_server_and_the_model_answers_from_it(client, server):
+    response = ask(client, server)
+    assert [item.type for item in response.output] == ["mcp_list_tools", "mcp_call", "message"]
+    listed = response.output[0]
+    assert listed.server_label == server and listed.error is None
+    assert [tool.name for tool in listed.tools] == TOOLS
+    assert listed.tools[0].input_schema["required"] == ["command"]
+    call = response.output[1]
+    assert (call.server_label, call.name, call.status) == (server, "bash", "completed")
+    assert json.loads(call.arguments) == {"command": COMMAND}
+    assert (call.output, call.error, call.approval_request_id) == (RAN + COMMAND, None, None)
+    assert call.id.startswith("mcp_")
+    assert response.output_text == AGENT_REPLY
+    assert response.status == "completed"
+    # the second round continued the first from the prompt cache
+    assert response.usage.input_tokens_details.cached_tokens > 0
+
+
+def test_the_stream_says_each_step_of_the_call(client):
+    events = list(ask(client, stream=True))
+    kinds = [event.type for event in events]
+    collapsed = [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
+    assert collapsed == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.completed",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.model_dump() for item in done] == [item.model_dump() for item in final.output]
+    assert [e.output_index for e in events if e.type == "response.output_item.done"] == [0, 1, 2]
+    deltas = "".join(e.delta for e in events if e.type == "response.mcp_call_arguments.delta")
+    assert deltas == final.output[1].arguments
+    assert final.output[1].output == RAN + COMMAND
+    assert final.output_text == AGENT_REPLY
+
+
+def test_a_call_waits_for_approval_then_runs(client):
+    """require_approval left out: OpenAI's default, every call is approved first."""
+    asked = ask(client, tool={})
+    assert [item.type for item in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
+    request = asked.output[1]
+    assert (request.name, request.server_label) == ("bash", "tests")
+    assert json.loads(request.arguments) == {"command": COMMAND}
+    answer = {"type": "mcp_approval_response", "approval_request_id": request.id}
+    tools = [{"type": "mcp", "server_label": "tests"}]
+    approved = client.responses.create(
+        model="default",
+        previous_response_id=asked.id,
+        tools=tools,
+        input=[{**answer, "approve": True}],
+    )
+    # the tools listed before are not listed again
+    assert [item.type for item in approved.output] == ["mcp_call", "message"]
+    call = approved.output[0]
+    assert (call.approval_request_id, call.output) == (request.id, RAN + COMMAND)
+    assert approved.output_text == AGENT_REPLY
+    denied = client.responses.create(
+        model="default",
+        previous_response_id=asked.id,
+        tools=tools,
+        input=[{**answer, "approve": False, "reason": "not now"}],
+    )
+    assert [item.type for item in denied.output] == ["message"]  # nothing ran
+
+
+def test_an_approval_request_streams_whole(client):
+    events = list(ask(client, tool={"require_approval": "always"}, stream=True))
+    kinds = [event.type for event in events]
+    assert not [k for k in kinds if "mcp_call" in k]
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["mcp_list_tools", "mcp_approval_request"]
+    assert kinds[-1] == "response.completed"
+    assert [item.type for item in events[-1].response.output] == added
+
+
+@pytest.mark.parametrize(
+    ("allowed", "listed"),
+    [(["wait", "broken"], ["broken", "wait"]), ({"tool_names": ["bash"]}, ["bash"])],
+    ids=["names", "filter"],
+)
+def test_allowed_tools_are_all_the_model_is_offered(client, allowed, listed):
+    tool = {"allowed_tools": allowed, "require_approval": "always"}
+    response = ask(client, tool=tool)
+    assert [t.name for t in response.output[0].tools] == listed
+    calls = [item for item in response.output if item.type == "mcp_approval_request"]
+    assert {call.name for call in calls} <= set(listed)
+
+
+def test_a_tool_that_fails_gives_the_model_its_error(client):
+    response = ask(client, "failing")
+    call = only(response.output, "mcp_call")
+    assert (call.status, call.output) == ("failed", None)
+    assert call.error.type == "mcp_tool_execution_error"
+    assert call.error.content[0]["type"] == "text"
+    assert response.output_text == AGENT_REPLY  # the model went on from the error
+
+
+def test_a_hung_tool_times_out_and_holds_up_no_other_request(client, mcp_server):
+    outcome: dict = {}
+
+    def hung_turn() -> None:
+        outcome["response"] = ask(client, "hung")
+        outcome["done"] = time.monotonic()
+
+    turn = threading.Thread(target=hung_turn)
+    turn.start()
+    time.sleep(0.5)  # the call is under way
+    chunks = stream(mcp_server.url, CHAT, {"messages": [{"role": "user", "content": "Hello!"}]})
+    streamed = time.monotonic()
+    turn.join(60)
+    assert "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks.chunks if c["choices"]
+    )
+    assert streamed < outcome["done"]  # the chat finished while the tool hung
+    call = only(outcome["response"].output, "mcp_call")
+    assert call.status == "failed"
+    assert call.error.model_dump() == {
+        "type": "mcp_protocol_error",
+        "code": -32001,
+        "message": f"The call to 'bash' timed out after {CALL_TIMEOUT} s.",
+    }
+    assert outcome["response"].output_text == AGENT_REPLY
+
+
+def test_what_cannot_be_served_is_refused_naming_the_field(client, mcp_server):
+    cases = [
+        ({"type": "mcp", "server_label": "nope"}, "tools[0].server_label"),
+        ({"type": "mcp", "server_label": "x", "server_url": "http://x"}, "tools[0].server_url"),
+        ({"type": "mcp", "server_label": "x", "connector_id": "c"}, "tools[0].connector_id"),
+    ]
+    for tool, param in cases:
+        with pytest.raises(BadRequestError) as refused:
+            client.responses.create(model="default", input="Hi", tools=[tool])
+        assert refused.value.body["param"] == param, refused.value.body
+    # two servers offering a tool of one name
+    both = [{"type": "mcp", "server_label": name, **NEVER} for name in ("tests", "remote")]
+    with pytest.raises(BadRequestError) as refused:
+        client.responses.create(model="default", input="Hi", tools=both)
+    assert refused.value.body["param"] == "tools[1].allowed_tools"
+    # an approval for a request that does not exist
+    with pytest.raises(BadRequestError) as refused:
+        client.responses.create(
+            model="default",
+            tools=[{"type": "mcp", "server_label": "tests"}],
+            input=[{"type": "mcp_approval_response", "approval_request_id": "x", "approve": True}],
+        )
+    assert refused.value.body["param"] == "input[0].approval_request_id"
+    # a configured server that is not connected: OpenAI's 424
+    status, _, body = mcp_server.post(
+        "/v1/responses", {"input": "Hi", "tools": [{"type": "mcp", "server_label": "down"}]}
+    )
+    assert status == 424, body
+    assert body["error"]["type"] == "external_connector_error"
+    assert body["error"]["param"] == "tools[0].server_label"
+    assert "Error retrieving tool list from MCP server 'down'" in body["error"]["message"]
+
+
+def test_the_servers_are_listed_with_their_state(mcp_server):
+    status, _, body = mcp_server.get("/v1/mcp/servers")
+    assert status == 200
+    states = {s["name"]: s for s in body["data"]}
+    assert list(states) == ["tests", "remote", "failing", "hung", "down"]
+    assert states["tests"]["state"] == "ready" and states["tests"]["tools"] == TOOLS
+    assert states["remote"]["transport"] == "http"
+    assert states["down"]["state"] == "restarting"
+    assert "FileNotFoundError" in states["down"]["error"]
+    assert mcp_server.get("/v1/status")[2]["mcp_servers"] == body["data"]
+
+
+def test_a_killed_stdio_server_is_restarted(launch, tool_agent_model, tmp_path_factory):
+    path = config_file(tmp_path_factory, {"tests": stdio()})
+    server = launch(tool_agent_model, "--mcp-config", path)
+    (child,) = _children(server.process.pid, HELPER)
+    os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        state = server.get("/v1/mcp/servers")[2]["data"][0]
+        if state["state"] == "ready" and state["restarts"] >= 1:
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    assert _children(server.process.pid, HELPER) != [child]
+    client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+    assert only(ask(client).output, "mcp_call").output == RAN + COMMAND
+
+
+def test_a_config_file_that_is_not_mcp_servers_stops_the_start(tmp_path):
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"x": {"args": []}}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxserve", "--mcp-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "mcpServers.x: give either `command` (stdio) or `url` (HTTP)" in done.stderr
+
+
+def _children(pid: int, needle: str) -> list[int]:
+    """The processes `pid` started whose command line holds `needle`."""
+    children = psutil.Process(pid).children()
+    return [child.pid for child in children if needle in " ".join(child.cmdline())]
