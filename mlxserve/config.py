@@ -451,6 +451,13 @@ class ServerConfig:
         group=MCP,
         help='the MCP servers whose tools requests may use, as `{"mcpServers": {name: {"command", "args", "env"} or {"url", "headers"}}}` (the format Claude Desktop and editors share); connected at start-up, restarted when they fail (docs/mcp.md)',
     )
+    mcp_allow_urls: tuple[str, ...] = setting(
+        (),
+        flag="--mcp-allow-url",
+        many="repeat",
+        group=MCP,
+        help="a glob a request's MCP `server_url` must match, e.g. `'http://127.0.0.1:*'` (repeatable; none by default: requests use --mcp-config's servers only); link-local and cloud metadata addresses are refused whatever matches",
+    )
     mcp_call_timeout: float = setting(
         60.0,
         parse=positive_float,

@@ -9,6 +9,7 @@ a killed stdio server restarted, and the 400s and 424 of requests the server can
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -26,11 +27,15 @@ from helpers.server import CHAT
 from helpers.sse import stream
 from openai import BadRequestError, OpenAI
 
+from mlxserve.mcp.hub import McpConnectFailed, McpHub
+
 HELPER = str(Path(__file__).parent / "helpers" / "mcp_tools.py")
 RAN = "ran: "  # helpers/mcp_tools.py's shell tool's output, then the command
-TOOLS = ["bash", "broken", "wait"]
+TOOLS = ["bash", "broken", "wait", "headers"]
 CALL_TIMEOUT = 3
 NEVER = {"require_approval": "never"}
+# allowed by a glob, refused all the same: a link-local address (cloud metadata services)
+METADATA_PATTERN = "http://169.254.169.254/*"
 
 
 def stdio(**env: str) -> dict:
@@ -78,7 +83,9 @@ def mcp_server(launch_module, tool_agent_model, tmp_path_factory, remote_url):
     }
     path = config_file(tmp_path_factory, servers)
     return launch_module(
-        tool_agent_model, "--mcp-config", path, "--mcp-call-timeout", str(CALL_TIMEOUT)
+        tool_agent_model,
+        *("--mcp-config", path, "--mcp-call-timeout", str(CALL_TIMEOUT)),
+        *("--mcp-allow-url", "http://127.0.0.1:*", "--mcp-allow-url", METADATA_PATTERN),
     )
 
 
@@ -242,16 +249,70 @@ def test_a_hung_tool_times_out_and_holds_up_no_other_request(client, mcp_server)
     assert outcome["response"].output_text == AGENT_REPLY
 
 
+def test_a_server_url_the_operator_allows(client, remote_url):
+    """A request's own server: a server_url matching --mcp-allow-url."""
+    tool = {"server_url": remote_url, "headers": {"X-Test": "1"}, "authorization": "t", **NEVER}
+    response = ask(client, "own", tool=tool)
+    assert [item.type for item in response.output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert {item.server_label for item in response.output[:2]} == {"own"}
+    assert response.output[1].output == RAN + COMMAND
+    assert response.output_text == AGENT_REPLY
+
+
+def test_a_request_servers_headers_and_token_are_sent(remote_url):
+    """The hub's connection for a request's server_url carries the headers it is given
+    (the endpoint's: `headers`, and `authorization` as a bearer token), as the server sees
+    them; a URL nothing answers at fails to open."""
+    hub = McpHub((), call_timeout=10, max_output=10_000)
+    try:
+        name = hub.open(remote_url, {"X-Test": "1", "Authorization": "Bearer t"})
+        seen = json.loads(hub.call(name, "headers", {}).output or "{}")
+        hub.close(name)
+    finally:
+        hub.stop()
+    assert (seen["x-test"], seen["authorization"]) == ("1", "Bearer t")
+    hub = McpHub((), call_timeout=2, max_output=10)
+    try:
+        with pytest.raises(McpConnectFailed):
+            hub.open("http://127.0.0.1:9/mcp", {})
+    finally:
+        hub.stop()
+
+
+def test_the_agents_sdk_runs_a_turn_with_a_hosted_mcp_tool(mcp_server, remote_url):
+    from agents import Agent, HostedMCPTool, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=mcp_server.base_url, api_key="none", max_retries=0)
+    config = {"type": "mcp", "server_label": "remote", "server_url": remote_url, **NEVER}
+    agent = Agent(
+        name="Shell",
+        model=OpenAIResponsesModel(model="default", openai_client=client),
+        tools=[HostedMCPTool(tool_config=config)],  # type: ignore[arg-type]
+    )
+    result = asyncio.run(Runner.run(agent, instruction("bash")))
+    assert result.final_output == AGENT_REPLY
+    raw = [item.raw_item for item in result.new_items]
+    calls = [item for item in raw if getattr(item, "type", None) == "mcp_call"]
+    assert [(call.name, call.output) for call in calls] == [("bash", RAN + COMMAND)]
+
+
 def test_what_cannot_be_served_is_refused_naming_the_field(client, mcp_server):
+    metadata = METADATA_PATTERN.replace("*", "mcp")
     cases = [
-        ({"type": "mcp", "server_label": "nope"}, "tools[0].server_label"),
-        ({"type": "mcp", "server_label": "x", "server_url": "http://x"}, "tools[0].server_url"),
-        ({"type": "mcp", "server_label": "x", "connector_id": "c"}, "tools[0].connector_id"),
+        ({"type": "mcp", "server_label": "nope"}, "tools[0].server_label", "configured"),
+        ({"server_url": "http://example.com/mcp"}, "tools[0].server_url", "--mcp-allow-url"),
+        ({"server_url": metadata}, "tools[0].server_url", "link-local"),
+        ({"server_url": "file:///etc/passwd"}, "tools[0].server_url", "http"),
+        ({"connector_id": "connector_gmail"}, "tools[0].connector_id", "not served"),
     ]
-    for tool, param in cases:
+    for tool, param, words in cases:
+        tool = {"type": "mcp", "server_label": "x", **tool}
         with pytest.raises(BadRequestError) as refused:
             client.responses.create(model="default", input="Hi", tools=[tool])
         assert refused.value.body["param"] == param, refused.value.body
+        assert words in refused.value.body["message"]
     # two servers offering a tool of one name
     both = [{"type": "mcp", "server_label": name, **NEVER} for name in ("tests", "remote")]
     with pytest.raises(BadRequestError) as refused:

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import secrets
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -65,10 +66,14 @@ class McpUnknownServer(KeyError):
     """No server of that name in --mcp-config."""
 
 
+class McpConnectFailed(Exception):
+    """A server a request named could not be connected or listed; the message says why."""
+
+
 @dataclass
 class _Connection:
     config: McpServerConfig
-    state: str = "starting"  # starting, ready, restarting
+    state: str = "starting"  # starting, ready, restarting; a request's own: failed
     tools: tuple[McpTool, ...] = ()
     error: str | None = None  # why it last failed
     restarts: int = 0
@@ -85,19 +90,20 @@ class McpHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: list[asyncio.Task] = []
+        self._opened: dict[str, asyncio.Task] = {}  # connections a request opened, by name
+        self._lock = threading.Lock()
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(self._connections)
+        """The configured servers (not those a request opened)."""
+        return tuple(name for name in self._connections if name not in self._opened)
 
     def start(self, wait: float = 30.0) -> None:
         """Connect every server; wait up to `wait` seconds for their first tool lists (a
         server not ready by then goes on connecting in the background)."""
-        if not self._connections or self._loop is not None:
+        if not self._connections:
             return
-        loop = self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=loop.run_forever, name="mcp", daemon=True)
-        self._thread.start()
+        self._ensure_loop()
         self._run(self._supervise_all()).result()
         ready = self._run(self._first_lists())
         try:
@@ -107,6 +113,14 @@ class McpHub:
         for conn in self._connections.values():
             if conn.state != "ready":
                 log.warning("MCP server %r is not ready: %s", conn.config.name, conn.error)
+
+    def _ensure_loop(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                return
+            loop = self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=loop.run_forever, name="mcp", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         """Disconnect (stdio servers end with their pipes)."""
@@ -122,6 +136,32 @@ class McpHub:
             self._thread.join(10)
         self._loop = None
 
+    def open(self, url: str, headers: dict[str, str]) -> str:
+        """Connect to a server a request names by URL, for that request (no restarts);
+        its name for `tools`, `call` and `close`. McpConnectFailed where it cannot be
+        connected and listed within the call timeout."""
+        self._ensure_loop()
+        name = f"request:{secrets.token_hex(8)}"
+        conn = _Connection(McpServerConfig(name, url=url, headers=headers))
+        self._connections[name] = conn
+        future = self._run(self._open(name, conn))
+        try:
+            future.result(self.call_timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            conn.error = f"no tool list within {self.call_timeout:g} s"
+        if conn.state != "ready":
+            self.close(name)
+            raise McpConnectFailed(conn.error or "not connected")
+        return name
+
+    def close(self, name: str) -> None:
+        """End a connection `open` made."""
+        task = self._opened.pop(name, None)
+        self._connections.pop(name, None)
+        if task is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(task.cancel)
+
     def states(self) -> list[dict]:
         """Each server as `GET /v1/mcp/servers` and the status page show it."""
         return [
@@ -134,7 +174,8 @@ class McpHub:
                 "error": conn.error,
                 "restarts": conn.restarts,
             }
-            for conn in self._connections.values()
+            for name, conn in list(self._connections.items())
+            if name not in self._opened
         ]
 
     def tools(self, server: str) -> tuple[McpTool, ...] | None:
@@ -177,14 +218,35 @@ class McpHub:
             for name, conn in self._connections.items()
         ]
 
+    async def _open(self, name: str, conn: _Connection) -> None:
+        """Start a request's connection; returns once it is ready or has failed."""
+        task = asyncio.get_running_loop().create_task(self._hold(conn), name=name)
+        self._opened[name] = task
+        while conn.state == "starting" and not task.done():
+            await asyncio.sleep(0.02)
+
+    async def _hold(self, conn: _Connection) -> None:
+        """A request's connection, held until it is closed (cancelled) or fails."""
+        try:
+            async with Client(_target(conn.config), message_handler=_watcher(conn)) as client:
+                conn.tools = await _listed(client)
+                conn.client, conn.state = client, "ready"
+                await self._serve(conn, client)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            conn.error = _describe(e)
+        conn.client, conn.state = None, "failed"
+
     async def _first_lists(self) -> None:
         while any(c.state == "starting" for c in self._connections.values()):
             await asyncio.sleep(0.05)
 
     async def _cancel_all(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._opened.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _supervise(self, conn: _Connection) -> None:
         delay = FIRST_RETRY

@@ -1,16 +1,17 @@
 """An MCP server written with the official `mcp` SDK (MCPServer), run by the tests over
 stdio (`python mcp_tools.py`) or streamable HTTP (`python mcp_tools.py http PORT`):
 tiny-tool-agent's shell tool, which reports what it would run, a tool that raises, and a
-tool that sleeps as long as it is asked. MCP_TESTS_BASH=raise makes the shell tool raise,
+tool that sleeps as long as it is asked, and one that tells the HTTP headers it came with. MCP_TESTS_BASH=raise makes the shell tool raise,
 MCP_TESTS_BASH=hang makes it hang."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 SERVER = MCPServer("tests")
 RAN = "ran: "  # what the shell tool's output starts with
@@ -35,6 +36,12 @@ def broken() -> str:
 def wait(seconds: float) -> str:
     time.sleep(seconds)
     return f"waited {seconds} s"
+
+
+@SERVER.tool(description="The HTTP headers this call came with (HTTP only).")
+def headers(ctx: Context) -> str:
+    request = ctx.request_context.request
+    return json.dumps(dict(request.headers) if request is not None else {})
 
 
 if __name__ == "__main__":

@@ -80,12 +80,16 @@ class ResponsesEndpoints:
         history = self._history(wire, last)
         keep = self._keeper(wire, history, last)
         mcp = self._mcp_turn(wire, history)
-        approved = mcp.approved(_given(wire), history) if mcp else []
-        chat = self._chat(wire, history, mcp.round(approved) if mcp else None)
+        if mcp is not None:
+            try:
+                approved = mcp.approved(_given(wire), history)
+                self._chat(wire, history, mcp.round(approved))  # refused here, before a call
+                return self._rounds(wire, history, mcp, approved, client_gone, sink, keep)
+            finally:
+                mcp.close()
+        chat = self._chat(wire, history)
         if wire.compaction_triggered:
             return self._compaction(wire, chat, client_gone, sink, keep)
-        if mcp is not None:
-            return self._rounds(wire, history, mcp, approved, client_gone, sink, keep)
         prepared = self.service.prepare_chat(chat, REASONING_FORMAT)
         fmt = self._builder(wire, prepared.texts if wire.logprobs is not None else None)
         run = self.service.run(prepared, client_gone)
@@ -187,7 +191,7 @@ class ResponsesEndpoints:
         tools = wire.tools or []
         specs = [(i, tool) for i, tool in enumerate(tools) if isinstance(tool, McpToolSpec)]
         own = {tool.name for tool in tools if isinstance(tool, FunctionTool)}
-        return mcp_turn(specs, self.mcp, history, own)
+        return mcp_turn(specs, self.mcp, history, own, self.service.config.mcp_allow_urls)
 
     def _rounds(
         self,

@@ -7,9 +7,13 @@ call, as OpenAI's does."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Literal
+from urllib.parse import urlsplit
 
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from pydantic import TypeAdapter
@@ -21,9 +25,10 @@ from mlxserve.api.responses.conversation import (
 )
 from mlxserve.api.responses.output import new_id
 from mlxserve.api.wire import Strict
-from mlxserve.mcp.hub import CallOutcome, McpHub, McpTool, McpUnknownServer, protocol_error
+from mlxserve.chat.fetch import refusal
+from mlxserve.mcp.hub import CallOutcome, McpConnectFailed, McpHub, McpTool, protocol_error
 from mlxserve.protocol import request as neutral
-from mlxserve.protocol.errors import bad_request, dependency_failed
+from mlxserve.protocol.errors import ServiceError, bad_request, dependency_failed
 
 
 class ToolFilter(Strict):
@@ -55,10 +60,11 @@ class McpToolSpec(Strict):
 
 @dataclass(frozen=True)
 class McpFunction:
-    """An MCP tool as the model is offered it."""
+    """An MCP tool as the model is offered it, and the hub's name for its server."""
 
     server_label: str
     tool: McpTool
+    server: str
 
 
 _ITEMS = TypeAdapter(list[InputItem])
@@ -88,6 +94,11 @@ class McpTurn:
     functions: dict[str, McpFunction]
     approval: frozenset[str]
     listed: list[dict]
+    opened: list[str]  # the hub's connections to the request's server_urls
+
+    def close(self) -> None:
+        for name in self.opened:
+            self.hub.close(name)
 
     def tools(self) -> tuple[neutral.Tool, ...]:
         return tuple(
@@ -148,12 +159,16 @@ def not_run(item: dict) -> dict:
 
 
 def turn(
-    specs: list[tuple[int, McpToolSpec]], hub: McpHub, history: list[dict], taken: set[str]
+    specs: list[tuple[int, McpToolSpec]],
+    hub: McpHub,
+    history: list[dict],
+    taken: set[str],
+    allow: tuple[str, ...],
 ) -> McpTurn | None:
     """The MCP tools of a request (`specs`: each with its index in `tools`); a server's
     tools listed earlier in the conversation (`history`'s mcp_list_tools) are not listed
     again. `taken`: the names of the client's own functions, which an MCP tool may not
-    shadow."""
+    shadow. `allow`: the globs a `server_url` must match. The caller closes the turn."""
     if not specs:
         return None
     earlier = {
@@ -161,31 +176,34 @@ def turn(
         for item in history
         if item.get("type") == "mcp_list_tools" and not item.get("error")
     }
-    functions: dict[str, McpFunction] = {}
+    mcp = McpTurn(hub, {}, frozenset(), [], [])
     approval: set[str] = set()
-    listed: list[dict] = []
-    for index, spec in specs:
-        param = f"tools[{index}]"
-        _check(spec, param)
-        if spec.server_label in earlier:
-            tools = tuple(_tool(entry) for entry in earlier[spec.server_label]["tools"])
-        else:
-            tools = _listed(hub, spec.server_label, param)
-            tools = tuple(tool for tool in tools if _allowed(spec, tool))
-            listed.append(list_item(spec.server_label, tools))
-        for tool in tools:
-            if not _allowed(spec, tool):
-                continue
-            if tool.name in functions or tool.name in taken:
-                raise bad_request(
-                    f"Two tools are named '{tool.name}' (one of MCP server "
-                    f"'{spec.server_label}'); give allowed_tools to leave one out.",
-                    f"{param}.allowed_tools",
-                )
-            functions[tool.name] = McpFunction(spec.server_label, tool)
-            if _needs_approval(spec, tool):
-                approval.add(tool.name)
-    return McpTurn(hub, functions, frozenset(approval), listed)
+    try:
+        for index, spec in specs:
+            param = f"tools[{index}]"
+            server = _server(spec, hub, allow, param, mcp.opened)
+            if spec.server_label in earlier:
+                tools = tuple(_tool(entry) for entry in earlier[spec.server_label]["tools"])
+            else:
+                tools = tuple(t for t in _listed(hub, server, spec, param) if _allowed(spec, t))
+                mcp.listed.append(list_item(spec.server_label, tools))
+            for tool in tools:
+                if not _allowed(spec, tool):
+                    continue
+                if tool.name in mcp.functions or tool.name in taken:
+                    raise bad_request(
+                        f"Two tools are named '{tool.name}' (one of MCP server "
+                        f"'{spec.server_label}'); give allowed_tools to leave one out.",
+                        f"{param}.allowed_tools",
+                    )
+                mcp.functions[tool.name] = McpFunction(spec.server_label, tool, server)
+                if _needs_approval(spec, tool):
+                    approval.add(tool.name)
+    except BaseException:
+        mcp.close()
+        raise
+    mcp.approval = frozenset(approval)
+    return mcp
 
 
 def list_item(label: str, tools: tuple[McpTool, ...]) -> dict:
@@ -206,32 +224,78 @@ def list_item(label: str, tools: tuple[McpTool, ...]) -> dict:
     }
 
 
-def _check(spec: McpToolSpec, param: str) -> None:
-    for name in ("server_url", "connector_id", "tunnel_id"):
+def _server(
+    spec: McpToolSpec, hub: McpHub, allow: tuple[str, ...], param: str, opened: list[str]
+) -> str:
+    """The hub's name for the tool's server: the configured one its label names, or a
+    connection to its server_url, opened for the request."""
+    for name in ("connector_id", "tunnel_id"):
         if getattr(spec, name) is not None:
             raise bad_request(
-                f"{name} is not served: name a server of the server's --mcp-config by "
-                "its server_label instead.",
+                f"{name} is not served: give a server_url, or name a server of the "
+                "server's --mcp-config by its server_label.",
                 f"{param}.{name}",
             )
-
-
-def _listed(hub: McpHub, label: str, param: str) -> tuple[McpTool, ...]:
+    url = spec.server_url
+    if url is None:
+        if spec.server_label not in hub.names:
+            configured = ", ".join(hub.names) or "none"
+            raise bad_request(
+                f"No MCP server '{spec.server_label}' in this server's --mcp-config "
+                f"(configured: {configured}), and no server_url.",
+                f"{param}.server_label",
+            )
+        return spec.server_label
+    _check_url(url, allow, f"{param}.server_url")
+    headers = dict(spec.headers or {})
+    if spec.authorization is not None:
+        headers["Authorization"] = f"Bearer {spec.authorization}"
     try:
-        tools = hub.tools(label)
-    except McpUnknownServer:
-        configured = ", ".join(hub.names) or "none"
+        name = hub.open(url, headers)
+    except McpConnectFailed as e:
+        raise _unavailable(spec.server_label, str(e), f"{param}.server_url") from None
+    opened.append(name)
+    return name
+
+
+def _check_url(url: str, allow: tuple[str, ...], param: str) -> None:
+    """A request's server_url must match an --mcp-allow-url glob, and no address its
+    host resolves to may be link-local or a cloud metadata service's."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise bad_request("server_url must be an http:// or https:// URL.", param)
+    if not any(fnmatchcase(url, pattern) for pattern in allow):
         raise bad_request(
-            f"No MCP server '{label}' in this server's --mcp-config (configured: {configured}).",
-            f"{param}.server_label",
-        ) from None
-    if tools is None:
-        raise dependency_failed(
-            f"Error retrieving tool list from MCP server '{label}': {hub.error(label)}",
-            f"{param}.server_label",
-            "mcp_server_unavailable",
+            f"server_url {url} is not allowed: it matches none of the server's "
+            "--mcp-allow-url patterns" + ("" if allow else " (none are set)") + ".",
+            param,
         )
+    try:
+        found = socket.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise bad_request(f"server_url's host does not resolve ({e}).", param) from None
+    for info in found:
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        why = refusal(address, allow_local=True)
+        if why is not None:
+            raise bad_request(f"server_url's host is {address}, {why}.", param)
+
+
+def _listed(hub: McpHub, server: str, spec: McpToolSpec, param: str) -> tuple[McpTool, ...]:
+    tools = hub.tools(server)
+    if tools is None:
+        where = f"{param}.server_url" if spec.server_url else f"{param}.server_label"
+        raise _unavailable(spec.server_label, hub.error(server) or "not connected", where)
     return tools
+
+
+def _unavailable(label: str, why: str, param: str) -> ServiceError:
+    """OpenAI's 424 for an MCP server whose tools could not be listed."""
+    return dependency_failed(
+        f"Error retrieving tool list from MCP server '{label}': {why}",
+        param,
+        "mcp_server_unavailable",
+    )
 
 
 def _needs_approval(spec: McpToolSpec, tool: McpTool) -> bool:
@@ -267,4 +331,4 @@ def _call(hub: McpHub, function: McpFunction, arguments: str) -> CallOutcome:
         return protocol_error(INVALID_PARAMS, f"arguments: {e}")
     if not isinstance(parsed, dict):
         return protocol_error(INVALID_PARAMS, "arguments: expected a JSON object")
-    return hub.call(function.server_label, function.tool.name, parsed)
+    return hub.call(function.server, function.tool.name, parsed)
