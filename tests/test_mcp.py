@@ -27,6 +27,8 @@ from helpers.server import CHAT
 from helpers.sse import stream
 from openai import BadRequestError, OpenAI
 
+from mlxserve.keys.records import KeyRecord
+from mlxserve.keys.store import KeyStore
 from mlxserve.mcp.hub import McpConnectFailed, McpHub
 
 HELPER = str(Path(__file__).parent / "helpers" / "mcp_tools.py")
@@ -363,6 +365,25 @@ def test_a_killed_stdio_server_is_restarted(launch, tool_agent_model, tmp_path_f
     assert _children(server.process.pid, HELPER) != [child]
     client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
     assert only(ask(client).output, "mcp_call").output == RAN + COMMAND
+
+
+def test_calls_are_counted_per_key_and_the_list_is_an_admins(launch, tool_agent_model, tmp_path):
+    db = tmp_path / "keys.sqlite"
+    store = KeyStore(db)
+    user, admin = (store.create(KeyRecord(n, "", None, admin=n == "admin")) for n in ("u", "admin"))
+    store.close()
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"tests": stdio()}}))
+    server = launch(tool_agent_model, "--mcp-config", str(path), "--keys-db", str(db))
+    client = OpenAI(base_url=server.base_url, api_key=user, max_retries=0)
+    assert only(ask(client).output, "mcp_call").output == RAN + COMMAND
+    status, _, usage = server.get("/v1/usage", {"Authorization": f"Bearer {user}"})
+    assert status == 200, usage
+    assert usage["total"]["mcp_calls"] == 1 and usage["total"]["requests"] == 1
+    assert 0 < usage["total"]["mcp_seconds"] < CALL_TIMEOUT
+    assert server.get("/v1/mcp/servers", {"Authorization": f"Bearer {user}"})[0] == 403
+    listed = server.get("/v1/mcp/servers", {"Authorization": f"Bearer {admin}"})
+    assert listed[0] == 200 and listed[2]["data"][0]["name"] == "tests"
 
 
 def test_a_config_file_that_is_not_mcp_servers_stops_the_start(tmp_path):

@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS usage (
     audio_seconds REAL NOT NULL DEFAULT 0,
     images INTEGER NOT NULL DEFAULT 0,
     embedding_inputs INTEGER NOT NULL DEFAULT 0,
+    mcp_calls INTEGER NOT NULL DEFAULT 0,
+    mcp_seconds REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (key, day, model)
 );
 """
@@ -97,7 +99,19 @@ class KeyStore:
         # may lose the last moments' usage, never the store.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._add_new_units()
         self._mutex = threading.Lock()
+
+    def _add_new_units(self) -> None:
+        """A store written before a unit of usage existed gets its column (zero for the
+        days already counted)."""
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(usage)")}
+        for unit in fields(Metered):
+            if unit.name not in present:
+                kind = "REAL" if unit.type in (float, "float") else "INTEGER"
+                self._db.execute(
+                    f"ALTER TABLE usage ADD COLUMN {unit.name} {kind} NOT NULL DEFAULT 0"
+                )
 
     def close(self) -> None:
         with self._mutex:

@@ -16,50 +16,29 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import AsyncIterator, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx2
-from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from mlxserve.mcp.config import McpServerConfig
+from mlxserve.mcp.tools import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    CallOutcome,
+    McpTool,
+    protocol_error,
+)
+
+if TYPE_CHECKING:
+    from mcp import Client
 
 log = logging.getLogger(__name__)
 
 FIRST_RETRY, LAST_RETRY = 1.0, 30.0  # seconds before connecting again, doubling
 PING_SECONDS = 5.0  # an idle connection is pinged this often; a ping unanswered breaks it
 TOOLS_CHANGED = "notifications/tools/list_changed"
-
-
-@dataclass(frozen=True)
-class McpTool:
-    """A tool as the server lists it."""
-
-    name: str
-    description: str | None
-    input_schema: dict
-    annotations: dict | None = None
-
-    @property
-    def read_only(self) -> bool:
-        return bool((self.annotations or {}).get("readOnlyHint"))
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """What a call gave: its output as text, or an error in the shape OpenAI's `mcp_call`
-    items carry (`mcp_tool_execution_error` with the tool's content, or
-    `mcp_protocol_error` with a code and message)."""
-
-    output: str | None = None
-    error: dict | None = None
-    seconds: float = 0.0
 
 
 class McpUnknownServer(KeyError):
@@ -227,9 +206,11 @@ class McpHub:
 
     async def _hold(self, conn: _Connection) -> None:
         """A request's connection, held until it is closed (cancelled) or fails."""
+        from mlxserve.mcp import sessions  # the SDK, on first use
+
         try:
-            async with Client(_target(conn.config), message_handler=_watcher(conn)) as client:
-                conn.tools = await _listed(client)
+            async with sessions.connected(conn.config, _watcher(conn)) as client:
+                conn.tools = await sessions.listed(client)
                 conn.client, conn.state = client, "ready"
                 await self._serve(conn, client)
         except asyncio.CancelledError:
@@ -249,12 +230,14 @@ class McpHub:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _supervise(self, conn: _Connection) -> None:
+        from mlxserve.mcp import sessions  # the SDK, on first use
+
         delay = FIRST_RETRY
         while True:
             conn.broken.clear()
             try:
-                async with Client(_target(conn.config), message_handler=_watcher(conn)) as client:
-                    conn.tools = await _listed(client)
+                async with sessions.connected(conn.config, _watcher(conn)) as client:
+                    conn.tools = await sessions.listed(client)
                     conn.client, conn.state, conn.error = client, "ready", None
                     delay = FIRST_RETRY
                     log.info("MCP server %r: %d tools", conn.config.name, len(conn.tools))
@@ -278,18 +261,22 @@ class McpHub:
     async def _serve(self, conn: _Connection, client: Client) -> None:
         """Until the connection breaks: list the tools again when they change, ping while
         idle."""
+        from mlxserve.mcp import sessions  # the SDK, on first use
+
         while not conn.broken.is_set():
             try:
                 await asyncio.wait_for(conn.stale.wait(), PING_SECONDS)
             except TimeoutError:
-                await _ping(client)
+                await sessions.ping(client, PING_SECONDS)
                 continue
             conn.stale.clear()
-            conn.tools = await _listed(client)
+            conn.tools = await sessions.listed(client)
             log.info("MCP server %r: tools changed, %d now", conn.config.name, len(conn.tools))
         raise ConnectionError(conn.error or "a call failed")
 
     async def _call(self, conn: _Connection, tool: str, arguments: dict) -> CallOutcome:
+        from mlxserve.mcp import sessions  # the SDK, on first use
+
         client = conn.client
         if client is None:
             why = f": {conn.error}" if conn.error else ""
@@ -302,7 +289,7 @@ class McpHub:
         except TimeoutError:
             return _timed_out(tool, self.call_timeout)
         except Exception as e:
-            if (answer := _answer(e)) is not None:  # an error the server answered
+            if (answer := sessions.answer(e)) is not None:  # an error the server answered
                 return protocol_error(answer.code, answer.message)
             conn.error = _describe(e)
             conn.broken.set()
@@ -315,71 +302,12 @@ class McpHub:
         return CallOutcome(output=_limited(_text(content), self.max_output))
 
 
-async def _ping(client: Client) -> None:
-    """Raises where the server does not answer in time. Any answer will do: a server of
-    MCP's 2026 revision answers a ping with "method not found", and is alive."""
-    try:
-        with anyio.fail_after(PING_SECONDS):
-            await client.send_ping()
-    except Exception as e:
-        if _answer(e) is None:
-            raise
-
-
-def _answer(error: Exception):
-    """The JSON-RPC error a server answered with, or None (no answer: the connection
-    closed, the transport failed)."""
-    if isinstance(error, MCPError) and error.error.code != CONNECTION_CLOSED:
-        return error.error
-    return None
-
-
-def _target(config: McpServerConfig):
-    if config.command is not None:
-        return StdioServerParameters(
-            command=config.command, args=list(config.args), env=config.env or None, cwd=config.cwd
-        )
-    assert config.url is not None
-    return _http(config.url, config.headers)
-
-
-@asynccontextmanager
-async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
-    """Streamable HTTP with the configured headers (the SDK's timeouts: a reply stream may
-    stay open for minutes)."""
-    timeout = httpx2.Timeout(30.0, read=300.0)
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
-        yield streams
-
-
 def _watcher(conn: _Connection):
     async def on_message(message) -> None:
         if getattr(message, "method", None) == TOOLS_CHANGED:
             conn.stale.set()
 
     return on_message
-
-
-async def _listed(client: Client) -> tuple[McpTool, ...]:
-    tools, cursor = [], None
-    while True:
-        page = await client.list_tools(cursor=cursor)
-        tools += page.tools
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tuple(
-        McpTool(
-            tool.name,
-            tool.description,
-            tool.input_schema,
-            tool.annotations.model_dump(exclude_none=True) if tool.annotations else None,
-        )
-        for tool in tools
-    )
 
 
 def _text(content: list[dict]) -> str:
@@ -393,11 +321,6 @@ def _limited(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}\n[... {len(text) - limit} more characters cut by the server]"
-
-
-def protocol_error(code: int, message: str) -> CallOutcome:
-    """An outcome with an error in the shape of OpenAI's `mcp_protocol_error`."""
-    return CallOutcome(error={"type": "mcp_protocol_error", "code": code, "message": message})
 
 
 def _timed_out(tool: str, seconds: float) -> CallOutcome:

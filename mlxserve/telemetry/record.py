@@ -35,6 +35,8 @@ class Metered:
     audio_seconds: float = 0.0
     images: int = 0
     embedding_inputs: int = 0
+    mcp_calls: int = 0  # calls to MCP tools the server ran for the request
+    mcp_seconds: float = 0.0  # their time, waiting on the MCP servers
 
     @property
     def tokens(self) -> int:

@@ -1,8 +1,8 @@
 """The key store and gate on a real SQLite file, without a server: a secret is kept only
 as its hash; a revoked name may be taken again; usage adds up per key, model and day; a
 change made through another connection is seen by the gate at once for a new key and
-within its refresh for a revocation; limits refuse with their codes; a store made before
-batches had owners opens and gains the column."""
+within its refresh for a revocation; limits refuse with their codes; stores made before
+batches had owners, and before MCP calls were counted, open and gain their columns."""
 
 from __future__ import annotations
 
@@ -119,4 +119,28 @@ def test_a_batch_store_from_before_owners_opens(tmp_path):
     assert store.files(None, 10, None, True, owner="alice") == [made]
     assert [f.id for f in store.files(None, 10, None, True, owner=None)] == ["file-old"]
     assert len(store.files(None, 10, None, True)) == 2
+    store.close()
+
+
+def test_a_store_from_before_mcp_calls_were_counted_opens(tmp_path):
+    """Usage written before a unit existed keeps its rows; the new unit counts from zero."""
+    path = tmp_path / "keys.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE usage (key TEXT NOT NULL, model TEXT NOT NULL, day TEXT NOT NULL, "
+        "requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0, "
+        "cached_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL "
+        "DEFAULT 0, audio_seconds REAL NOT NULL DEFAULT 0, images INTEGER NOT NULL DEFAULT "
+        "0, embedding_inputs INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (key, day, model))"
+    )
+    now = time.time()
+    old.execute(
+        "INSERT INTO usage (key, model, day, requests) VALUES ('a', 'm', ?, 3)", (day_of(now),)
+    )
+    old.commit()
+    old.close()
+    store = KeyStore(path)
+    store.charge("a", "m", Metered(requests=1, mcp_calls=2, mcp_seconds=0.5), now)
+    (row,) = store.usage("a", day_of(now), day_of(now))
+    assert row.metered == Metered(requests=4, mcp_calls=2, mcp_seconds=0.5)
     store.close()

@@ -294,6 +294,8 @@ METERED = obj(
         "audio_seconds": NUMBER,
         "images": INTEGER,
         "embedding_inputs": INTEGER,
+        "mcp_calls": INTEGER,
+        "mcp_seconds": NUMBER,
     }
 )
 USAGE_LIST = obj(

@@ -15,7 +15,6 @@ from fnmatch import fnmatchcase
 from typing import Literal
 from urllib.parse import urlsplit
 
-from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from pydantic import TypeAdapter
 
 from mlxserve.api.responses.conversation import (
@@ -26,9 +25,17 @@ from mlxserve.api.responses.conversation import (
 from mlxserve.api.responses.output import new_id
 from mlxserve.api.wire import Strict
 from mlxserve.chat.fetch import refusal
-from mlxserve.mcp.hub import CallOutcome, McpConnectFailed, McpHub, McpTool, protocol_error
+from mlxserve.mcp.hub import McpConnectFailed, McpHub
+from mlxserve.mcp.tools import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    CallOutcome,
+    McpTool,
+    protocol_error,
+)
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import ServiceError, bad_request, dependency_failed
+from mlxserve.telemetry.record import Metered, current_request
 
 
 class ToolFilter(Strict):
@@ -147,6 +154,9 @@ class McpTurn:
         """Run an mcp_call item's call; the item with its output or error."""
         function = self.functions[item["name"]]
         outcome = _call(self.hub, function, item["arguments"])
+        record = current_request()
+        if record is not None:
+            record.meter(Metered(mcp_calls=1, mcp_seconds=outcome.seconds))
         status = "failed" if outcome.error is not None else "completed"
         return {**item, "output": outcome.output, "error": outcome.error, "status": status}
 

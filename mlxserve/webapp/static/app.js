@@ -466,7 +466,8 @@ function renderUsage(usage) {
     el("td", { textContent: u.completion_tokens }),
     el("td", { textContent: u.audio_seconds.toFixed(1) }),
     el("td", { textContent: u.images }),
-    el("td", { textContent: u.embedding_inputs }))));
+    el("td", { textContent: u.embedding_inputs }),
+    el("td", { textContent: `${u.mcp_calls} (${u.mcp_seconds.toFixed(1)} s)` }))));
 }
 
 function when(unixSeconds) {
