@@ -671,5 +671,6 @@ def test_the_keys_command(tmp_path):
     assert renewed != secret
     assert keys_cli(db, "usage").stdout.split() == [
         "DAY", "KEY", "MODEL", "REQUESTS", "PROMPT_TOKENS", "CACHED_TOKENS",
-        "COMPLETION_TOKENS", "AUDIO_SECONDS", "IMAGES", "EMBEDDING_INPUTS",
+        "COMPLETION_TOKENS", "AUDIO_SECONDS", "IMAGES", "EMBEDDING_INPUTS", "MCP_CALLS",
+        "MCP_SECONDS",
     ]  # fmt: skip

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import anthropic
 import psutil
 import pytest
 from conversations import AGENT_REPLY, COMMAND, instruction
@@ -403,3 +404,93 @@ def _children(pid: int, needle: str) -> list[int]:
     """The processes `pid` started whose command line holds `needle`."""
     children = psutil.Process(pid).children()
     return [child.pid for child in children if needle in " ".join(child.cmdline())]
+
+
+# Anthropic's MCP connector ------------------------------------------------------------
+
+
+def connector_request(remote_url: str, **extra) -> dict:
+    server = {"type": "url", "url": remote_url, "name": "remote", **extra.pop("server", {})}
+    return {
+        "model": "default",
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": instruction("bash")}],
+        "mcp_servers": [server],
+        "betas": ["mcp-client-2025-04-04"],
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def claude(mcp_server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=mcp_server.url, api_key="none", max_retries=0)
+
+
+def test_the_connector_runs_a_call_within_the_assistants_message(claude, remote_url):
+    message = claude.beta.messages.create(**connector_request(remote_url))
+    assert [b.type for b in message.content] == ["mcp_tool_use", "mcp_tool_result", "text"]
+    use, result, text = message.content
+    assert (use.name, use.server_name, use.input) == ("bash", "remote", {"command": COMMAND})
+    assert use.id.startswith("mcptoolu_") and result.tool_use_id == use.id
+    assert not result.is_error and [c.text for c in result.content] == [RAN + COMMAND]
+    assert text.text == AGENT_REPLY and message.stop_reason == "end_turn"
+    assert message.usage.cache_read_input_tokens > 0  # the second round continued the first
+    # the message goes back as history: the next turn reads its blocks
+    history = [
+        *connector_request(remote_url)["messages"],
+        {
+            "role": "assistant",
+            "content": [b.model_dump(exclude_none=True) for b in message.content],
+        },
+        {"role": "user", "content": "Hello!"},
+    ]
+    again = claude.beta.messages.create(**connector_request(remote_url, messages=history))
+    assert again.content[-1].type == "text"
+
+
+def test_the_connector_streams_as_anthropic_does(claude, remote_url):
+    with claude.beta.messages.stream(**connector_request(remote_url)) as events:
+        seen = [(e.type, getattr(e, "index", None)) for e in events]
+        final = events.get_final_message()
+    starts = [(kind, index) for kind, index in seen if kind == "content_block_start"]
+    assert [index for _, index in starts] == [0, 1, 2]
+    stops = [index for kind, index in seen if kind == "content_block_stop"]
+    assert stops == [0, 1, 2]
+    assert seen[0][0] == "message_start" and seen[-1][0] == "message_stop"
+    assert [b.type for b in final.content] == ["mcp_tool_use", "mcp_tool_result", "text"]
+    assert final.content[0].input == {"command": COMMAND}
+    assert final.content[1].content[0].text == RAN + COMMAND
+    assert final.content[2].text == AGENT_REPLY and final.stop_reason == "end_turn"
+
+
+def test_the_connectors_tool_configurations(claude, remote_url):
+    toolset = {
+        "type": "mcp_toolset",
+        "mcp_server_name": "remote",
+        "default_config": {"enabled": False},
+        "configs": {"bash": {"enabled": True}},
+    }
+    newer = connector_request(remote_url, tools=[toolset], betas=["mcp-client-2025-11-20"])
+    message = claude.beta.messages.create(**newer)
+    assert [b.type for b in message.content] == ["mcp_tool_use", "mcp_tool_result", "text"]
+    off = connector_request(remote_url, server={"tool_configuration": {"enabled": False}})
+    message = claude.beta.messages.create(**off)
+    assert "mcp_tool_use" not in [b.type for b in message.content]
+
+
+def test_the_connector_refuses_what_the_operator_does_not_allow(claude, remote_url):
+    cases = [
+        (connector_request("http://example.com/mcp"), "--mcp-allow-url"),
+        (connector_request(METADATA_PATTERN.replace("*", "mcp")), "link-local"),
+        (
+            connector_request(
+                remote_url, tools=[{"type": "mcp_toolset", "mcp_server_name": "other"}]
+            ),
+            "not among mcp_servers",
+        ),
+    ]
+    for request, words in cases:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.create(**request)
+        assert refused.value.body["error"]["type"] == "invalid_request_error"
+        assert words in refused.value.body["error"]["message"], refused.value.body

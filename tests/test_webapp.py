@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -348,3 +349,28 @@ def padded_wav(text: str) -> bytes:
     voice = decode(speak(text), rate)
     samples = np.concatenate([np.zeros(rate, np.float32), voice, np.zeros(3 * rate, np.float32)])
     return b"".join(encode([samples], rate, "wav"))
+
+
+def test_a_tool_of_an_mcp_server_is_called_and_its_result_shown(
+    page, launch, tool_agent_model, tmp_path
+):
+    """A toggle per ready MCP server: on, the message goes through the Responses API with
+    that server's tools; the call the server ran shows with its result, then the answer."""
+    from conversations import AGENT_REPLY, COMMAND, instruction
+
+    helper = Path(__file__).parent / "helpers" / "mcp_tools.py"
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps({"mcpServers": {"tests": {"command": sys.executable, "args": [str(helper)]}}})
+    )
+    srv = launch(tool_agent_model, "--mcp-config", str(config), "--api-key", KEY)
+    sign_in(page, srv)
+    toggle = page.locator("#mcp-tools label", has_text="tests").locator("input")
+    expect(toggle).to_be_visible()
+    toggle.check()
+    chat(page, tool_agent_model, instruction("bash"))
+    call = page.locator(".message.assistant .tool-call")
+    expect(call).to_contain_text("bash")
+    expect(call).to_contain_text(COMMAND)
+    expect(call.locator(".tool-result")).to_have_text(f"ran: {COMMAND}")
+    expect(page.locator(".message.assistant .content")).to_have_text(AGENT_REPLY)

@@ -211,14 +211,14 @@ class Routes:
         config = self.service.config
         self.keys = KeyGate(keys_path(config.keys_db), config.api_key, config.keys_db is not None)
         self.usage = UsageEndpoints(self.keys)
-        self.openai = OpenAIEndpoints(self.service)
-        self.anthropic = AnthropicEndpoints(self.service)
-        # the batch keeper (made below) holds the files a Responses request may name
         self.mcp = McpHub(
             mcp_config.load(config.mcp_config) if config.mcp_config else (),
             config.mcp_call_timeout,
             config.mcp_max_output,
         )
+        self.openai = OpenAIEndpoints(self.service)
+        self.anthropic = AnthropicEndpoints(self.service, self.mcp)
+        # the batch keeper (made below) holds the files a Responses request may name
         self.responses = ResponsesEndpoints(
             self.service, FileInputs(lambda: self.batch_keeper.store()), self.mcp
         )

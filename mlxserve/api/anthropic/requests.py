@@ -81,6 +81,33 @@ class ToolResultBlock(Strict):
     is_error: bool = False
 
 
+class McpToolUseBlock(Strict):
+    """A call to an MCP server's tool that the server ran (the MCP connector)."""
+
+    type: Literal["mcp_tool_use"]
+    id: str
+    name: str
+    server_name: str
+    input: dict
+
+
+class McpToolResultBlock(Strict):
+    """What the server's MCP call gave; in the assistant's turn, after its call."""
+
+    type: Literal["mcp_tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+    def text(self) -> str:
+        text = (
+            self.content
+            if isinstance(self.content, str)
+            else "\n".join(part.text for part in self.content)
+        )
+        return f"Error: {text}" if self.is_error else text
+
+
 class ThinkingBlock(Strict):
     type: Literal["thinking"]
     thinking: str
@@ -93,7 +120,14 @@ class RedactedThinkingBlock(Strict):
 
 
 Block = Annotated[
-    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock
+    | ImageBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | McpToolUseBlock
+    | McpToolResultBlock,
     Field(discriminator="type"),
 ]
 
@@ -153,6 +187,52 @@ class Tool(Strict):
         examples = "\n".join(json.dumps(example) for example in self.input_examples)
         head = f"{self.description}\n\n" if self.description else ""
         return f"{head}Examples of input:\n{examples}"
+
+
+class McpToolConfig(Strict):
+    enabled: bool = True
+    defer_loading: bool | None = None  # every tool is in the prompt from the start here
+
+
+class McpToolset(Strict):
+    """The MCP connector's tool configuration (its 2025-11-20 form): which tools of the
+    server `mcp_server_name` the model is offered."""
+
+    type: Literal["mcp_toolset"]
+    mcp_server_name: str
+    default_config: McpToolConfig = McpToolConfig()
+    configs: dict[str, McpToolConfig] | None = None
+    cache_control: dict | None = None
+
+    def enabled(self, tool: str) -> bool:
+        return (self.configs or {}).get(tool, self.default_config).enabled
+
+
+def _tool_kind(value) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "McpToolset" if kind == "mcp_toolset" else "Tool"
+
+
+AnyTool = Annotated[
+    Annotated[Tool, Tag("Tool")] | Annotated[McpToolset, Tag("McpToolset")],
+    Discriminator(_tool_kind),
+]
+
+
+class McpToolConfiguration(Strict):
+    enabled: bool = True
+    allowed_tools: list[str] | None = None
+
+
+class McpServerDefinition(Strict):
+    """An MCP server of the request (the MCP connector): connected for the request, where
+    the server's --mcp-allow-url allows its URL."""
+
+    type: Literal["url"]
+    url: str
+    name: str
+    authorization_token: str | None = None
+    tool_configuration: McpToolConfiguration | None = None
 
 
 class ToolChoice(Strict):
@@ -312,7 +392,7 @@ class CountTokensRequest(Strict):
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
     system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
+    tools: list[AnyTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
@@ -363,6 +443,7 @@ UNSERVED = {
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[int, Field(ge=1)]
+    mcp_servers: list[McpServerDefinition] | None = None  # the MCP connector (mcp.py)
     stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
@@ -475,7 +556,7 @@ def _messages(messages: list[Message]) -> tuple[neutral.Message, ...]:
         elif message.role == "user":
             out += _user_turn(message.content, param)
         else:
-            out.append(_assistant_turn(message.content, param))
+            out += assistant_turn(message.content, param)
     return tuple(out)
 
 
@@ -515,17 +596,39 @@ def _tool_result(block: ToolResultBlock, param: str) -> str:
     return f"Error: {text}" if block.is_error else text
 
 
-def _assistant_turn(blocks: list, param: str) -> neutral.Message:
-    """Text, tool calls and the reasoning this server wrote (see thinking.py)."""
+def assistant_turn(blocks: list, param: str) -> list[neutral.Message]:
+    """Text, tool calls and the reasoning this server wrote (see thinking.py); an MCP
+    call's result (which the server got, within the assistant's turn) ends the message so
+    far and is the call's tool message."""
+    out: list[neutral.Message] = []
     parts: list[neutral.Part] = []
     reasoning: list[str] = []
     calls: list[neutral.ToolCall] = []
+
+    def flush() -> None:
+        out.append(
+            neutral.Message(
+                "assistant",
+                tuple(parts),
+                param,
+                tool_calls=tuple(calls),
+                reasoning="\n".join(reasoning) or None,
+            )
+        )
+        parts.clear()
+        reasoning.clear()
+        calls.clear()
+
     for j, block in enumerate(blocks):
         where = f"{param}.content[{j}]"
         if isinstance(block, TextBlock):
             parts.append(neutral.TextPart(block.text))
-        elif isinstance(block, ToolUseBlock):
+        elif isinstance(block, ToolUseBlock | McpToolUseBlock):
             calls.append(neutral.ToolCall(block.id, block.name, block.input))
+        elif isinstance(block, McpToolResultBlock):
+            if parts or calls or reasoning:
+                flush()
+            out.append(neutral.Message("tool", block.text(), where, tool_call_id=block.tool_use_id))
         elif isinstance(block, ThinkingBlock):
             text = signatures.reasoning(block.thinking, block.signature, where)
             if text is not None:
@@ -534,13 +637,9 @@ def _assistant_turn(blocks: list, param: str) -> neutral.Message:
                 log.debug("thinking at %s is not this server's; left out of the prompt", where)
         elif not isinstance(block, RedactedThinkingBlock):  # opaque: nothing to render
             raise bad_request(f"A {block.type} block cannot stand in an assistant message.", where)
-    return neutral.Message(
-        "assistant",
-        tuple(parts),
-        param,
-        tool_calls=tuple(calls),
-        reasoning="\n".join(reasoning) or None,
-    )
+    if parts or calls or reasoning or not out:
+        flush()
+    return out
 
 
 def _part(block: TextBlock | ImageBlock, param: str) -> neutral.Part:
@@ -549,7 +648,9 @@ def _part(block: TextBlock | ImageBlock, param: str) -> neutral.Part:
     return neutral.ImagePart(block.source.as_url(f"{param}.source"), param)
 
 
-def _tools(tools: list[Tool]) -> tuple[neutral.Tool, ...]:
+def _tools(tools: list) -> tuple[neutral.Tool, ...]:
+    """The custom tools (an MCP toolset's are added where its server is connected)."""
+    tools = [tool for tool in tools if isinstance(tool, Tool)]
     leave_out_hosted_tools([str(tool.type) for tool in tools if not tool.custom])
     return tuple(
         neutral.Tool(tool.name, tool.described(), tool.input_schema, tool.strict)
@@ -558,7 +659,7 @@ def _tools(tools: list[Tool]) -> tuple[neutral.Tool, ...]:
     )
 
 
-def _tool_choice(choice: ToolChoice | None, tools: list[Tool]) -> neutral.ToolChoice:
+def _tool_choice(choice: ToolChoice | None, tools: list) -> neutral.ToolChoice:
     if choice is None or choice.type == "auto":
         return neutral.ToolChoice("auto")
     if choice.type == "none":
@@ -567,6 +668,7 @@ def _tool_choice(choice: ToolChoice | None, tools: list[Tool]) -> neutral.ToolCh
         return neutral.ToolChoice("required")
     if not choice.name:
         raise bad_request("A tool_choice of type 'tool' needs a 'name'.", "tool_choice.name")
+    tools = [tool for tool in tools if isinstance(tool, Tool)]
     hosted = next((tool for tool in tools if tool.name == choice.name and not tool.custom), None)
     if hosted is not None:
         raise bad_request(

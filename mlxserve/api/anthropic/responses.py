@@ -16,6 +16,7 @@ from mlxserve.service.results import Block, Choice, Usage
 from mlxserve.service.run import Step
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+MCP_TOOL_USE_PREFIX = "mcptoolu_"
 
 
 def stop_reason(choice: Choice) -> str:
@@ -37,8 +38,8 @@ def usage_dict(usage: Usage) -> dict:
     }
 
 
-def tool_use_id(call_id: str) -> str:
-    return "toolu_" + call_id.removeprefix("call_")
+def tool_use_id(call_id: str, prefix: str = "toolu_") -> str:
+    return prefix + call_id.removeprefix("call_")
 
 
 def tool_input(arguments: str) -> dict:
@@ -50,13 +51,22 @@ def tool_input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def content_block(block: Block, omitted: bool = False) -> dict:
-    """A block as the whole message has it; thinking with its text `omitted`, or not."""
+def content_block(block: Block, omitted: bool = False, mcp: dict[str, str] | None = None) -> dict:
+    """A block as the whole message has it; thinking with its text `omitted`, or not; a
+    call to a tool of `mcp` (its name -> its server's) as an mcp_tool_use."""
     if block.kind == "reasoning":
         text = "" if omitted else block.text
         return {"type": "thinking", "thinking": text, "signature": signature(block.text, omitted)}
     if block.kind == "text":
         return {"type": "text", "text": block.text}
+    if mcp and block.name in mcp:
+        return {
+            "type": "mcp_tool_use",
+            "id": tool_use_id(block.call_id, MCP_TOOL_USE_PREFIX),
+            "name": block.name,
+            "server_name": mcp[block.name],
+            "input": tool_input(block.text),
+        }
     return {
         "type": "tool_use",
         "id": tool_use_id(block.call_id),
@@ -74,16 +84,34 @@ class MessageFormat:
     # thinking.display "omitted": thinking blocks without their text (their signature
     # holds it), and no thinking_delta in a stream
     omit_thinking: bool = False
+    mcp: dict[str, str] = field(default_factory=dict)  # an MCP tool -> its server's name
+    earlier: list[dict] = field(default_factory=list)  # earlier rounds' blocks (MCP calls)
     id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
 
     def message(self, choice: Choice, usage: Usage) -> dict:
         return {
-            **self._envelope([content_block(b, self.omit_thinking) for b in choice.blocks]),
-            "stop_reason": stop_reason(choice),
+            **self._envelope([*self.earlier, *self.blocks(choice)]),
+            "stop_reason": self.stop_reason(choice),
             "stop_sequence": choice.stop_sequence,
             "usage": usage_dict(usage),
             **self.context_management(),
         }
+
+    def blocks(self, choice: Choice) -> list[dict]:
+        return [content_block(b, self.omit_thinking, self.mcp) for b in choice.blocks]
+
+    def continues(self, choice: Choice) -> bool:
+        """Whether a finished round made MCP calls: they run, then the message goes on."""
+        calls = [b for b in choice.blocks if b.kind == "tool_call"]
+        return choice.finish_reason == "tool_calls" and any(b.name in self.mcp for b in calls)
+
+    def stop_reason(self, choice: Choice) -> str:
+        """tool_use only where the client has calls to run (MCP calls ran here)."""
+        reason = stop_reason(choice)
+        client_calls = [
+            b for b in choice.blocks if b.kind == "tool_call" and b.name not in self.mcp
+        ]
+        return "end_turn" if reason == "tool_use" and not client_calls else reason
 
     def context_management(self) -> dict:
         return {} if self.context is None else {"context_management": self.context}
@@ -112,8 +140,9 @@ class MessageStream:
         self._sse = sse
         self._fmt = fmt
         self._prompt_tokens = prompt_tokens
-        self._open: int | None = None  # the index of the block being written
-        self._count = 0  # blocks started
+        self._open: int | None = None  # the index of the block being written, in its round
+        self._count = 0  # blocks started in this round
+        self._base = 0  # the message's blocks before this round's
 
     def ping(self) -> None:
         """While the prompt is processed: the message starts, pings keep it alive."""
@@ -138,7 +167,26 @@ class MessageStream:
             self._send("content_block_delta", self._indexed("content_block_delta", delta))
         if step.finished:
             self._close_block(step.choice)
-            self._finish(step.choice, usage)
+            if not self._fmt.continues(step.choice):
+                self._finish(step.choice, usage)
+
+    def finish(self, choice: Choice, usage: Usage) -> None:
+        """End a message whose last round's calls ran (it also called the client's)."""
+        self._finish(choice, usage)
+
+    def results(self, blocks: list[dict]) -> None:
+        """A round's MCP results, each a whole block; the next round's blocks follow."""
+        self._base += self._count
+        self._count = 0
+        for block in blocks:
+            self._open = 0
+            self._send(
+                "content_block_start",
+                self._indexed("content_block_start", block, "content_block"),
+            )
+            self._send("content_block_stop", {"type": "content_block_stop", "index": self._base})
+            self._base += 1
+        self._open = None
 
     def error(self, error: ServiceError) -> None:
         self._send("error", error_body(error))
@@ -150,7 +198,7 @@ class MessageStream:
     def _open_block(self, choice: Choice) -> None:
         self._close_block(choice)
         self._open, self._count = self._count, self._count + 1
-        start = _block_start(choice.blocks[self._open])
+        start = _block_start(choice.blocks[self._open], self._fmt.mcp)
         self._send(
             "content_block_start", self._indexed("content_block_start", start, "content_block")
         )
@@ -163,30 +211,35 @@ class MessageStream:
             sealed = signature(block.text, self._fmt.omit_thinking)
             delta = {"type": "signature_delta", "signature": sealed}
             self._send("content_block_delta", self._indexed("content_block_delta", delta))
-        self._send("content_block_stop", {"type": "content_block_stop", "index": self._open})
+        stop = {"type": "content_block_stop", "index": self._base + self._open}
+        self._send("content_block_stop", stop)
         self._open = None
 
     def _finish(self, choice: Choice, usage: Usage) -> None:
-        delta = {"stop_reason": stop_reason(choice), "stop_sequence": choice.stop_sequence}
+        delta = {
+            "stop_reason": self._fmt.stop_reason(choice),
+            "stop_sequence": choice.stop_sequence,
+        }
         payload = {"type": "message_delta", "delta": delta, "usage": usage_dict(usage)}
         payload.update(self._fmt.context_management())
         self._send("message_delta", payload)
         self._send("message_stop", {"type": "message_stop"})
 
     def _indexed(self, kind: str, value: dict, key: str = "delta") -> dict:
-        return {"type": kind, "index": self._open, key: value}
+        assert self._open is not None
+        return {"type": kind, "index": self._base + self._open, key: value}
 
     def _send(self, name: str, payload: dict) -> None:
         self._sse.event(payload, name)
 
 
-def _block_start(block: Block) -> dict:
+def _block_start(block: Block, mcp: dict[str, str]) -> dict:
     """A block as it starts: empty, its content follows as deltas."""
     if block.kind == "reasoning":
         return {"type": "thinking", "thinking": "", "signature": ""}
     if block.kind == "text":
         return {"type": "text", "text": ""}
-    return {"type": "tool_use", "id": tool_use_id(block.call_id), "name": block.name, "input": {}}
+    return {**content_block(Block(block.kind, "", block.call_id, block.name), mcp=mcp), "input": {}}
 
 
 def _text_delta(event: Content | Reasoning) -> dict:

@@ -7,16 +7,13 @@ call, as OpenAI's does."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import socket
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Literal
-from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter
 
+from mlxserve.api.mcp_servers import metered_call, open_url, unavailable
 from mlxserve.api.responses.conversation import (
     Conversation,
     InputItem,
@@ -24,8 +21,7 @@ from mlxserve.api.responses.conversation import (
 )
 from mlxserve.api.responses.output import new_id
 from mlxserve.api.wire import Strict
-from mlxserve.chat.fetch import refusal
-from mlxserve.mcp.hub import McpConnectFailed, McpHub
+from mlxserve.mcp.hub import McpHub
 from mlxserve.mcp.tools import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -34,8 +30,7 @@ from mlxserve.mcp.tools import (
     protocol_error,
 )
 from mlxserve.protocol import request as neutral
-from mlxserve.protocol.errors import ServiceError, bad_request, dependency_failed
-from mlxserve.telemetry.record import Metered, current_request
+from mlxserve.protocol.errors import bad_request
 
 
 class ToolFilter(Strict):
@@ -154,9 +149,6 @@ class McpTurn:
         """Run an mcp_call item's call; the item with its output or error."""
         function = self.functions[item["name"]]
         outcome = _call(self.hub, function, item["arguments"])
-        record = current_request()
-        if record is not None:
-            record.meter(Metered(mcp_calls=1, mcp_seconds=outcome.seconds))
         status = "failed" if outcome.error is not None else "completed"
         return {**item, "output": outcome.output, "error": outcome.error, "status": status}
 
@@ -256,56 +248,20 @@ def _server(
                 f"{param}.server_label",
             )
         return spec.server_label
-    _check_url(url, allow, f"{param}.server_url")
     headers = dict(spec.headers or {})
     if spec.authorization is not None:
         headers["Authorization"] = f"Bearer {spec.authorization}"
-    try:
-        name = hub.open(url, headers)
-    except McpConnectFailed as e:
-        raise _unavailable(spec.server_label, str(e), f"{param}.server_url") from None
+    name = open_url(hub, url, headers, spec.server_label, allow, f"{param}.server_url")
     opened.append(name)
     return name
-
-
-def _check_url(url: str, allow: tuple[str, ...], param: str) -> None:
-    """A request's server_url must match an --mcp-allow-url glob, and no address its
-    host resolves to may be link-local or a cloud metadata service's."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise bad_request("server_url must be an http:// or https:// URL.", param)
-    if not any(fnmatchcase(url, pattern) for pattern in allow):
-        raise bad_request(
-            f"server_url {url} is not allowed: it matches none of the server's "
-            "--mcp-allow-url patterns" + ("" if allow else " (none are set)") + ".",
-            param,
-        )
-    try:
-        found = socket.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as e:
-        raise bad_request(f"server_url's host does not resolve ({e}).", param) from None
-    for info in found:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        why = refusal(address, allow_local=True)
-        if why is not None:
-            raise bad_request(f"server_url's host is {address}, {why}.", param)
 
 
 def _listed(hub: McpHub, server: str, spec: McpToolSpec, param: str) -> tuple[McpTool, ...]:
     tools = hub.tools(server)
     if tools is None:
         where = f"{param}.server_url" if spec.server_url else f"{param}.server_label"
-        raise _unavailable(spec.server_label, hub.error(server) or "not connected", where)
+        raise unavailable(spec.server_label, hub.error(server) or "not connected", where)
     return tools
-
-
-def _unavailable(label: str, why: str, param: str) -> ServiceError:
-    """OpenAI's 424 for an MCP server whose tools could not be listed."""
-    return dependency_failed(
-        f"Error retrieving tool list from MCP server '{label}': {why}",
-        param,
-        "mcp_server_unavailable",
-    )
 
 
 def _needs_approval(spec: McpToolSpec, tool: McpTool) -> bool:
@@ -341,4 +297,4 @@ def _call(hub: McpHub, function: McpFunction, arguments: str) -> CallOutcome:
         return protocol_error(INVALID_PARAMS, f"arguments: {e}")
     if not isinstance(parsed, dict):
         return protocol_error(INVALID_PARAMS, "arguments: expected a JSON object")
-    return hub.call(function.server, function.tool.name, parsed)
+    return metered_call(hub, function.server, function.tool.name, parsed)

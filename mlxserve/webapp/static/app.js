@@ -5,7 +5,7 @@
 const KEY_STORE = "mlxserve.apiKey";
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
-const state = { models: [], history: [], attachments: [], controller: null, page: "chat", timer: null, talk: null };
+const state = { models: [], history: [], attachments: [], controller: null, page: "chat", timer: null, talk: null, tools: new Set() };
 
 // ---------------------------------------------------------------------------- plumbing
 
@@ -100,6 +100,7 @@ async function refresh() {
     state.models = status.models;
     showBanner(status.warnings.join(" ")); // an exposed server says so on every page
     renderModelPicker(status.default_model);
+    renderToolToggles(status.mcp_servers);
     if (state.page === "models") renderModels(status);
     if (state.page === "status") renderStatus(status);
   } catch (error) {
@@ -184,7 +185,8 @@ class ReplyView {
 
   toolCalls(calls) {
     this.tools.replaceChildren(...calls.map((call) => el("div", { className: "tool-call" },
-      "Tool call ", el("strong", { textContent: call.name }), " ", el("code", { textContent: call.arguments }))));
+      "Tool call ", el("strong", { textContent: call.name }), " ", el("code", { textContent: call.arguments }),
+      ...(call.result === undefined ? [] : [" → ", el("code", { className: "tool-result", textContent: call.result })]))));
   }
 
   figures(text) {
@@ -295,7 +297,88 @@ async function draw(view, prompt) {
   refresh();
 }
 
+// A toggle per MCP server that is ready: a message sent with one on goes to the Responses
+// API with that server's tools, which the server runs (its calls shown with their results).
+function renderToolToggles(servers) {
+  const ready = servers.filter((server) => server.state === "ready");
+  const box = $("mcp-tools");
+  box.hidden = ready.length === 0;
+  box.replaceChildren(el("span", { textContent: "Tools" }), ...ready.map((server) => {
+    const input = el("input", { type: "checkbox", checked: state.tools.has(server.name) });
+    input.addEventListener("change", () => {
+      if (input.checked) state.tools.add(server.name);
+      else state.tools.delete(server.name);
+    });
+    return el("label", { title: server.tools.join(", ") }, input, ` ${server.name}`);
+  }));
+}
+
+// The conversation as the Responses API's input items.
+function responsesInput() {
+  return state.history.map((message) => {
+    if (typeof message.content === "string") return { role: message.role, content: message.content };
+    return {
+      role: message.role,
+      content: message.content.map((part) => (part.type === "text"
+        ? { type: "input_text", text: part.text }
+        : { type: "input_image", image_url: part.image_url.url })),
+    };
+  });
+}
+
+function responsesBody() {
+  const system = $("system-prompt").value.trim();
+  const body = {
+    model: $("model-select").value,
+    input: responsesInput(),
+    stream: true,
+    store: false,
+    tools: [...state.tools].map((label) => ({ type: "mcp", server_label: label, require_approval: "never" })),
+  };
+  if (system) body.instructions = system;
+  for (const [field, id] of [["temperature", "temperature"], ["top_p", "top-p"], ["max_output_tokens", "max-tokens"]]) {
+    const value = numberSetting(id);
+    if (value !== undefined) body[field] = value;
+  }
+  return body;
+}
+
+// A reply through the Responses API with MCP tools: text, reasoning, and each call the
+// server ran with its result, as the events come.
+async function replyWithTools(view) {
+  const started = performance.now();
+  let first = null;
+  let usage = null;
+  let text = "";
+  let reasoning = "";
+  const calls = new Map(); // item id -> {name, arguments, result}
+  const ended = await streamed(view, "/v1/responses", responsesBody(), (event) => {
+    if (event.type === "error") throw new Error(event.message);
+    if (event.type === "response.failed") throw new Error(event.response.error.message);
+    if (event.type === "response.completed") {
+      const u = event.response.usage;
+      usage = { prompt_tokens: u.input_tokens, completion_tokens: u.output_tokens,
+        prompt_tokens_details: { cached_tokens: u.input_tokens_details.cached_tokens } };
+    }
+    if (first === null && /delta$/.test(event.type)) first = performance.now();
+    if (event.type === "response.reasoning_text.delta") view.reasoning((reasoning += event.delta));
+    if (event.type === "response.output_text.delta") view.content((text += event.delta));
+    const item = event.item;
+    if (item && item.type === "mcp_call") {
+      calls.set(item.id, { name: item.name, arguments: item.arguments,
+        result: event.type === "response.output_item.done" ? (item.output ?? `Error: ${item.error && item.error.message}`) : undefined });
+    }
+    if (event.type === "response.mcp_call_arguments.delta") calls.get(event.item_id).arguments += event.delta;
+    if (item || event.type === "response.mcp_call_arguments.delta") view.toolCalls([...calls.values()]);
+    view.figures(figures(started, first, performance.now(), usage));
+  });
+  if (ended) view.figures(figures(started, first, performance.now(), usage));
+  state.history.push({ role: "assistant", content: text });
+  refresh();
+}
+
 async function reply(view) {
+  if (state.tools.size) return replyWithTools(view);
   const started = performance.now();
   let first = null;
   let usage = null;
