@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,11 +31,12 @@ from openai import BadRequestError, OpenAI
 
 from mlxserve.keys.records import KeyRecord
 from mlxserve.keys.store import KeyStore
+from mlxserve.mcp import config as mcp_config
 from mlxserve.mcp.hub import McpConnectFailed, McpHub
 
 HELPER = str(Path(__file__).parent / "helpers" / "mcp_tools.py")
 RAN = "ran: "  # helpers/mcp_tools.py's shell tool's output, then the command
-TOOLS = ["bash", "broken", "wait", "headers"]
+TOOLS = ["bash", "broken", "wait", "headers", "grow"]
 CALL_TIMEOUT = 3
 NEVER = {"require_approval": "never"}
 # allowed by a glob, refused all the same: a link-local address (cloud metadata services)
@@ -280,6 +282,39 @@ def test_a_request_servers_headers_and_token_are_sent(remote_url):
             hub.open("http://127.0.0.1:9/mcp", {})
     finally:
         hub.stop()
+
+
+def test_a_changed_tool_list_is_read_again_and_outputs_are_cut():
+    """The hub on a stdio server: a tool that adds a tool and sends tools/list_changed
+    makes the hub list the tools again; an output over --mcp-max-output is cut, and the
+    cut said."""
+    hub = McpHub(load_config({"tests": stdio()}), call_timeout=10, max_output=8)
+    try:
+        hub.start()
+        assert hub.tools("tests") is not None and "grown" not in _names(hub)
+        assert hub.call("tests", "bash", {"command": "x" * 20}).output == (
+            f"{RAN}xxx\n[... 17 more characters cut by the server]"
+        )
+        assert hub.call("tests", "grow", {}).output == "grew"
+        deadline = time.monotonic() + 10
+        while "grown" not in _names(hub):
+            assert time.monotonic() < deadline, _names(hub)
+            time.sleep(0.05)
+        assert hub.call("tests", "grown", {}).output == "grown"
+    finally:
+        hub.stop()
+
+
+def _names(hub: McpHub) -> list[str]:
+    return [tool.name for tool in hub.tools("tests") or ()]
+
+
+def load_config(servers: dict):
+    """McpServerConfigs as --mcp-config's file would give them."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump({"mcpServers": servers}, file)
+        file.flush()
+        return mcp_config.load(Path(file.name))
 
 
 def test_the_agents_sdk_runs_a_turn_with_a_hosted_mcp_tool(mcp_server, remote_url):

@@ -263,15 +263,21 @@ class McpHub:
         idle."""
         from mlxserve.mcp import sessions  # the SDK, on first use
 
-        while not conn.broken.is_set():
-            try:
-                await asyncio.wait_for(conn.stale.wait(), PING_SECONDS)
-            except TimeoutError:
-                await sessions.ping(client, PING_SECONDS)
-                continue
-            conn.stale.clear()
-            conn.tools = await sessions.listed(client)
-            log.info("MCP server %r: tools changed, %d now", conn.config.name, len(conn.tools))
+        changes = asyncio.get_running_loop().create_task(
+            sessions.tool_changes(client, conn.stale.set, conn.config.name)
+        )
+        try:
+            while not conn.broken.is_set():
+                try:
+                    await asyncio.wait_for(conn.stale.wait(), PING_SECONDS)
+                except TimeoutError:
+                    await sessions.ping(client, PING_SECONDS)
+                    continue
+                conn.stale.clear()
+                conn.tools = await sessions.listed(client)
+                log.info("MCP server %r: tools changed, %d now", conn.config.name, len(conn.tools))
+        finally:
+            changes.cancel()
         raise ConnectionError(conn.error or "a call failed")
 
     async def _call(self, conn: _Connection, tool: str, arguments: dict) -> CallOutcome:

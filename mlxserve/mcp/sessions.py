@@ -4,6 +4,7 @@ import, which a server without MCP servers never pays)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,15 +13,32 @@ import anyio
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.exceptions import MCPError
 
 from mlxserve.mcp.config import McpServerConfig
 from mlxserve.mcp.tools import CONNECTION_CLOSED, McpTool
 
+log = logging.getLogger(__name__)
+
 
 def connected(config: McpServerConfig, on_message: Callable) -> Client:
     """A client (an async context manager) for the server `config` names."""
     return Client(_target(config), message_handler=on_message)
+
+
+async def tool_changes(client: Client, changed: Callable[[], None], name: str) -> None:
+    """Call `changed` each time the server's tool list changes: a `subscriptions/listen`
+    stream where the server speaks MCP's 2026 revision (its notifications come only so);
+    an older server's notifications come to the message handler instead."""
+    try:
+        async with client.listen(tools_list_changed=True) as changes:
+            async for _ in changes:
+                changed()
+    except ListenNotSupportedError:
+        return
+    except Exception as e:  # the server does not offer it: the list stays as listed
+        log.info("MCP server %r does not tell when its tools change (%s)", name, e)
 
 
 async def ping(client: Client, seconds: float) -> None:

@@ -1,7 +1,7 @@
 """An MCP server written with the official `mcp` SDK (MCPServer), run by the tests over
 stdio (`python mcp_tools.py`) or streamable HTTP (`python mcp_tools.py http PORT`):
 tiny-tool-agent's shell tool, which reports what it would run, a tool that raises, and a
-tool that sleeps as long as it is asked, and one that tells the HTTP headers it came with. MCP_TESTS_BASH=raise makes the shell tool raise,
+tool that sleeps as long as it is asked, one that tells the HTTP headers it came with, and one that adds a tool. MCP_TESTS_BASH=raise makes the shell tool raise,
 MCP_TESTS_BASH=hang makes it hang."""
 
 from __future__ import annotations
@@ -42,6 +42,17 @@ def wait(seconds: float) -> str:
 def headers(ctx: Context) -> str:
     request = ctx.request_context.request
     return json.dumps(dict(request.headers) if request is not None else {})
+
+
+def grown() -> str:
+    return "grown"
+
+
+@SERVER.tool(description="Add a tool to this server's list, and say the list changed.")
+async def grow(ctx: Context) -> str:
+    SERVER.add_tool(grown, description="A tool added at runtime.")
+    await ctx.notify_tools_changed()  # to subscriptions/listen streams (MCP 2026)
+    return "grew"
 
 
 if __name__ == "__main__":
