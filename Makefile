@@ -13,7 +13,7 @@ ARGS ?=
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 WITH_BLAS = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS))
 
-.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys bench-ollama bench-tool-guide bench-responses-socket bench-realtime clean
+.PHONY: install install-dev browser speech fixtures run test test-fast lint format docs bench bench-structured bench-soak bench-kv bench-two-models bench-speculation bench-mtp bench-distributed bench-embedding-fairness bench-audio-fairness bench-image-fairness bench-vlm bench-load-gap bench-adapters bench-batch bench-keys bench-ollama bench-tool-guide bench-mcp-hang bench-responses-socket bench-realtime clean
 
 # What `make run` needs: the package, its runtime dependencies and OpenBLAS.
 install: $(VENV)/.installed
@@ -115,6 +115,9 @@ bench-ollama: install-dev
 
 bench-tool-guide: install-dev
 	$(WITH_BLAS) $(PY) bench/tool_guide.py $(ARGS)
+
+bench-mcp-hang: install-dev
+	$(WITH_BLAS) $(PY) bench/mcp_hang.py $(ARGS)
 
 bench-two-models: install-dev
 	$(WITH_BLAS) $(PY) bench/two_models.py $(ARGS)
