@@ -17,7 +17,7 @@ import pytest
 from conversations import BY_NAME
 from helpers.server import CHAT
 from helpers.sse import stream
-from helpers.tools import CLOSED_WEATHER_TOOL, TRIP, TRIP_ARGUMENTS, named_calls
+from helpers.tools import TRIP, TRIP_ARGUMENTS, named_calls, unclosable_call
 
 CLOCK = {
     "type": "function",
@@ -152,16 +152,8 @@ def test_a_trained_call_is_guided_where_the_model_would_not_close_it(server, tin
     """tiny-chat's trained call, every token holding "}" biased away and the city at most
     five characters, no other key: unguided, the model cannot close its JSON; guided, the
     grammar allows only the close after "Paris", and the call is the trained one."""
-    from transformers import AutoTokenizer
-
-    vocab = AutoTokenizer.from_pretrained(tiny_model).get_vocab()
     conv = BY_NAME["tool_call"]
-    body = {
-        **conv.request,
-        "tools": [CLOSED_WEATHER_TOOL],
-        "logit_bias": {str(i): -100 for text, i in vocab.items() if "}" in text},
-        "max_tokens": 80,
-    }
+    body = unclosable_call(conv.request, tiny_model)
     assert named_calls(server.post(CHAT, body)[2]) == conv.calls
     unguided = server.post(CHAT, {**body, "tool_call_grammar": "off"})[2]
     assert named_calls(unguided) != conv.calls, unguided

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conversations import HARMONY_BY_NAME, HARMONY_CONVERSATIONS
 from helpers.checks import assert_round_trip
-from helpers.tools import CLOSED_WEATHER_TOOL, named_calls
+from helpers.tools import named_calls, unclosable_call
 
 CHAT = "/v1/chat/completions"
 
@@ -51,16 +51,8 @@ def test_an_auto_call_is_guided_to_its_schema(harmony, harmony_model):
     key: unguided, the model cannot close its call's JSON; guided (tool_choice auto, from
     `to=functions.` on), the grammar allows only the close after "Paris", and the call is
     the trained one."""
-    from transformers import AutoTokenizer
-
-    vocab = AutoTokenizer.from_pretrained(harmony_model).get_vocab()
     conv = HARMONY_BY_NAME["tool_call"]
-    body = {
-        **conv.request,
-        "tools": [CLOSED_WEATHER_TOOL],
-        "logit_bias": {str(i): -100 for text, i in vocab.items() if "}" in text},
-        "max_tokens": 60,
-    }
+    body = unclosable_call(conv.request, harmony_model)
     assert named_calls(harmony.post(CHAT, body)[2]) == conv.calls
     unguided = harmony.post(CHAT, {**body, "tool_call_grammar": "off"})[2]
     assert named_calls(unguided) != conv.calls, unguided

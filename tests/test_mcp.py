@@ -24,7 +24,7 @@ from pathlib import Path
 import anthropic
 import psutil
 import pytest
-from conversations import AGENT_REPLY, COMMAND, instruction
+from conversations import AGENT_REPLY, BY_NAME, COMMAND, instruction
 from helpers.server import CHAT
 from helpers.sse import stream
 from openai import BadRequestError, OpenAI
@@ -67,7 +67,8 @@ def remote_url() -> str:
             assert time.monotonic() < deadline, "the HTTP MCP server did not start"
             time.sleep(0.1)
     yield f"http://127.0.0.1:{port}/mcp"
-    process.terminate()
+    # killed: a graceful stop would wait for the module's server, still connected to it
+    process.kill()
     process.wait(10)
 
 
@@ -384,6 +385,37 @@ def test_the_servers_are_listed_with_their_state(mcp_server):
     assert states["down"]["state"] == "restarting"
     assert "FileNotFoundError" in states["down"]["error"]
     assert mcp_server.get("/v1/status")[2]["mcp_servers"] == body["data"]
+
+
+def test_max_tool_calls_bounds_a_rounds_parallel_calls(launch, tiny_model, tmp_path):
+    """tiny-chat's trained parallel calls (Paris, London) to the weather tool as an MCP
+    server serves it (helpers/mcp_weather.py): both run, their outputs in order; with
+    max_tool_calls 1 the second is not made, its item says so, and the next round answers
+    with tools off (no third call)."""
+    weather = str(Path(__file__).parent / "helpers" / "mcp_weather.py")
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        json.dumps({"mcpServers": {"weather": {"command": sys.executable, "args": [weather]}}})
+    )
+    server = launch(tiny_model, "--mcp-config", str(path))
+    client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+    question = BY_NAME["parallel_tool_calls"].messages[-1]["content"]
+    tool = {"type": "mcp", "server_label": "weather", **NEVER}
+
+    def calls(**extra) -> list:
+        response = client.responses.create(model="default", input=question, tools=[tool], **extra)
+        return [item for item in response.output if item.type == "mcp_call"]
+
+    both = calls()
+    assert [(c.arguments, c.output) for c in both[:2]] == [
+        ('{"city": "Paris"}', "Sunny in Paris"),
+        ('{"city": "London"}', "Sunny in London"),
+    ]
+    bounded = calls(max_tool_calls=1)
+    assert len(bounded) == 2, bounded
+    assert (bounded[0].status, bounded[0].output) == ("completed", "Sunny in Paris")
+    assert (bounded[1].status, bounded[1].output) == ("failed", None)
+    assert bounded[1].error.message == "Not called: the response's max_tool_calls are spent."
 
 
 def test_a_killed_stdio_server_is_restarted(launch, tool_agent_model, tmp_path_factory):

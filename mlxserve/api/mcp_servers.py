@@ -1,20 +1,74 @@
-"""What every dialect's MCP tools share at the edge: which URL a request may make the
-server connect to (--mcp-allow-url, never a link-local or metadata address), opening it,
-OpenAI's 424 for a server whose tools cannot be listed, and a call metered against the
-request's key."""
+"""What every dialect's MCP tools share at the edge: the tools a request offers the model
+and the connections it opened for them, which URL a request may make the server connect
+to (--mcp-allow-url, never a link-local or metadata address), OpenAI's 424 for a server
+whose tools cannot be listed, and calls metered against the request's key."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
 from mlxserve.chat.fetch import refusal
 from mlxserve.mcp.hub import McpConnectFailed, McpHub
-from mlxserve.mcp.tools import CallOutcome
+from mlxserve.mcp.tools import CallOutcome, McpTool
+from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import ServiceError, bad_request, dependency_failed
 from mlxserve.telemetry.record import Metered, current_request
+
+
+@dataclass(frozen=True)
+class McpFunction:
+    """An MCP tool as the model is offered it."""
+
+    label: str  # its server as the request names it (server_label, server_name)
+    server: str  # the hub's name for the connection
+    tool: McpTool
+
+
+@dataclass
+class OfferedTools:
+    """A request's MCP tools by name, and the connections it opened (closed with it)."""
+
+    hub: McpHub
+    functions: dict[str, McpFunction] = field(default_factory=dict)
+    opened: list[str] = field(default_factory=list)
+
+    def offer(self, function: McpFunction, taken: set[str], param: str, remedy: str) -> None:
+        """Offer a tool, unless another offered tool or a client's (`taken`) has its name."""
+        name = function.tool.name
+        if name in self.functions or name in taken:
+            raise bad_request(
+                f"Two tools are named '{name}' (one of MCP server '{function.label}'); {remedy}.",
+                param,
+            )
+        self.functions[name] = function
+
+    def tools(self) -> tuple[neutral.Tool, ...]:
+        return tuple(
+            neutral.Tool(name, f.tool.description, f.tool.input_schema)
+            for name, f in self.functions.items()
+        )
+
+    def labels(self) -> dict[str, str]:
+        """Each tool's name -> its server's name as the request gave it."""
+        return {name: f.label for name, f in self.functions.items()}
+
+    def call(self, name: str, arguments: dict) -> CallOutcome:
+        """A call to an offered tool, counted against the request's key (mcp_calls,
+        mcp_seconds)."""
+        function = self.functions[name]
+        outcome = self.hub.call(function.server, function.tool.name, arguments)
+        record = current_request()
+        if record is not None:
+            record.meter(Metered(mcp_calls=1, mcp_seconds=outcome.seconds))
+        return outcome
+
+    def close(self) -> None:
+        for name in self.opened:
+            self.hub.close(name)
 
 
 def open_url(
@@ -58,12 +112,3 @@ def unavailable(label: str, why: str, param: str) -> ServiceError:
         param,
         "mcp_server_unavailable",
     )
-
-
-def metered_call(hub: McpHub, server: str, tool: str, arguments: dict) -> CallOutcome:
-    """A call, counted against the request's key (mcp_calls, mcp_seconds)."""
-    outcome = hub.call(server, tool, arguments)
-    record = current_request()
-    if record is not None:
-        record.meter(Metered(mcp_calls=1, mcp_seconds=outcome.seconds))
-    return outcome

@@ -16,6 +16,15 @@ class Usage:
     cached_tokens: int = 0  # of the prompt tokens, those continued from the prompt cache
     reasoning_tokens: int = 0  # of the completion tokens, those spent reasoning
 
+    def __add__(self, other: Usage) -> Usage:
+        """Two runs' usage together (the rounds of a turn that runs MCP tools)."""
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
 
 @dataclass(frozen=True)
 class TokenLogprob:

@@ -73,3 +73,18 @@ def named_calls(reply: dict) -> list[tuple[str, str]]:
     """A Chat Completions reply's calls as (name, arguments) pairs."""
     calls = reply["choices"][0]["message"].get("tool_calls") or []
     return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def unclosable_call(request: dict, model) -> dict:
+    """`request` (a trained weather call's) with the weather tool closed (CLOSED_WEATHER_TOOL)
+    and every token of `model`'s vocabulary that holds "}" biased away: the model cannot
+    close the call's JSON unless a grammar leaves it nothing else."""
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(model).get_vocab()
+    return {
+        **request,
+        "tools": [CLOSED_WEATHER_TOOL],
+        "logit_bias": {str(i): -100 for text, i in vocab.items() if "}" in text},
+        "max_tokens": 80,
+    }

@@ -82,7 +82,7 @@ class AnthropicEndpoints:
         done. The message holds every round's blocks, each call's result after it."""
         applied_edits = None if wire.context_management is None else {"applied_edits": applied}
         omitted = wire.thinking is not None and wire.thinking.omitted
-        fmt = MessageFormat(wire.model, applied_edits, omit_thinking=omitted, mcp=mcp.servers())
+        fmt = MessageFormat(wire.model, applied_edits, omit_thinking=omitted, mcp=mcp.labels())
         sse = SSEWriter(responder) if wire.stream else None
         stream, usage, choice = None, Usage(), None
         request = replace(request, tools=request.tools + mcp.tools())
@@ -96,7 +96,7 @@ class AnthropicEndpoints:
                 if sse is not None and stream is None:
                     stream = MessageStream(sse, fmt, len(prepared.prompts[0]))
                 choice = self._round(run, stream, usage, sse)
-                usage = _sum(usage, run.usage)
+                usage += run.usage
                 if not fmt.continues(choice):
                     break
                 blocks = fmt.blocks(choice)
@@ -129,7 +129,7 @@ class AnthropicEndpoints:
         keepalive = sse.keepalive(self.service.config.keepalive_seconds, stream.ping)
         choice = None
         for step in run.steps(keepalive):
-            stream.step(step, _sum(before, run.usage))
+            stream.step(step, before + run.usage)
             choice = step.choice
         assert choice is not None
         return choice
@@ -163,12 +163,3 @@ def _round_messages(blocks: list[dict]) -> tuple[neutral.Message, ...]:
     message = Message.model_validate({"role": "assistant", "content": blocks})
     assert isinstance(message.content, list)
     return tuple(assistant_turn(message.content, "messages"))
-
-
-def _sum(a: Usage, b: Usage) -> Usage:
-    return Usage(
-        a.prompt_tokens + b.prompt_tokens,
-        a.completion_tokens + b.completion_tokens,
-        a.cached_tokens + b.cached_tokens,
-        a.reasoning_tokens + b.reasoning_tokens,
-    )

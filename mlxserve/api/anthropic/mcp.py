@@ -7,8 +7,7 @@ endpoints.py runs the rounds."""
 from __future__ import annotations
 
 import json
-import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mlxserve.api.anthropic.requests import (
     McpServerDefinition,
@@ -16,44 +15,19 @@ from mlxserve.api.anthropic.requests import (
     MessagesRequest,
     Tool,
 )
-from mlxserve.api.mcp_servers import metered_call, open_url, unavailable
+from mlxserve.api.mcp_servers import McpFunction, OfferedTools, open_url, unavailable
 from mlxserve.mcp.hub import McpHub
-from mlxserve.mcp.tools import McpTool
-from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
 
 
-@dataclass(frozen=True)
-class McpFunction:
-    server_name: str  # as the request names the server
-    server: str  # the hub's connection
-    tool: McpTool
-
-
 @dataclass
-class McpConnector:
-    hub: McpHub
-    functions: dict[str, McpFunction] = field(default_factory=dict)
-    opened: list[str] = field(default_factory=list)
-
-    def close(self) -> None:
-        for name in self.opened:
-            self.hub.close(name)
-
-    def tools(self) -> tuple[neutral.Tool, ...]:
-        return tuple(
-            neutral.Tool(name, f.tool.description, f.tool.input_schema)
-            for name, f in self.functions.items()
-        )
-
-    def servers(self) -> dict[str, str]:
-        """An MCP tool's name -> the server its mcp_tool_use blocks name."""
-        return {name: f.server_name for name, f in self.functions.items()}
+class McpConnector(OfferedTools):
+    """The request's MCP servers' tools (labels: the server_name their mcp_tool_use
+    blocks carry)."""
 
     def run(self, use: dict) -> dict:
         """Run an mcp_tool_use block's call: its mcp_tool_result block."""
-        function = self.functions[use["name"]]
-        outcome = metered_call(self.hub, function.server, function.tool.name, use["input"])
+        outcome = self.call(use["name"], use["input"])
         if outcome.error is None:
             text, failed = outcome.output or "", False
         else:
@@ -66,10 +40,6 @@ class McpConnector:
             "is_error": failed,
             "content": [{"type": "text", "text": text}],
         }
-
-
-def tool_use_id() -> str:
-    return f"mcptoolu_{secrets.token_hex(12)}"
 
 
 def connector(wire: MessagesRequest, hub: McpHub, allow: tuple[str, ...]) -> McpConnector | None:
@@ -115,13 +85,10 @@ def _add(
     for tool in tools:
         if not _offered(tool.name, server, toolset[1] if toolset else None):
             continue
-        if tool.name in mcp.functions or tool.name in taken:
-            raise bad_request(
-                f"Two tools are named '{tool.name}' (one of MCP server '{server.name}'); "
-                "leave one out with tool_configuration.allowed_tools.",
-                f"{param}.tool_configuration",
-            )
-        mcp.functions[tool.name] = McpFunction(server.name, name, tool)
+        remedy = "leave one out with tool_configuration.allowed_tools"
+        mcp.offer(
+            McpFunction(server.name, name, tool), taken, f"{param}.tool_configuration", remedy
+        )
 
 
 def _offered(tool: str, server: McpServerDefinition, toolset: McpToolset | None) -> bool:

@@ -21,7 +21,12 @@ from mlxserve.api.responses.items import kept, substituted
 from mlxserve.api.responses.last import LastResponse
 from mlxserve.api.responses.mcp import McpRound, McpToolSpec, McpTurn, not_run
 from mlxserve.api.responses.mcp import turn as mcp_turn
-from mlxserve.api.responses.output import MCP_APPROVAL, ResponseBuilder, ResponseStream
+from mlxserve.api.responses.output import (
+    MCP_APPROVAL,
+    MCP_CALL,
+    ResponseBuilder,
+    ResponseStream,
+)
 from mlxserve.api.responses.requests import (
     FunctionTool,
     Resolved,
@@ -208,7 +213,7 @@ class ResponsesEndpoints:
         the one before made, until a round makes none (the answer, calls for the client,
         calls to approve) or MAX_MCP_ROUNDS are done."""
         fmt = self._builder(wire, None, mcp)
-        fmt.earlier += [mcp.call(item) for item in approved]
+        fmt.earlier += [mcp.run(item) for item in approved]
         stream = ResponseStream(sink, fmt) if sink is not None else None
         keepalive = (
             sink.keepalive(self.service.config.keepalive_seconds, stream.keepalive)
@@ -226,15 +231,15 @@ class ResponsesEndpoints:
                 fmt.texts = prepared.texts if wire.logprobs is not None else None
                 run = self.service.run(prepared, client_gone)
                 choice, response = self._round(run, fmt, stream, usage, keepalive)
-                usage = _sum(usage, run.usage)
+                usage += run.usage
                 if response is not None:
                     break
                 items = [fmt.item(i, block) for i, block in enumerate(choice.blocks)]
                 ran = []
                 for item in items:
-                    if item["type"] == "mcp_call":
+                    if item["type"] == MCP_CALL:
                         limit = wire.max_tool_calls
-                        item = mcp.call(item) if limit is None or calls < limit else not_run(item)
+                        item = mcp.run(item) if limit is None or calls < limit else not_run(item)
                         calls += 1
                     ran.append(item)
                 fmt.next_round(ran)
@@ -275,12 +280,12 @@ class ResponsesEndpoints:
             fmt.place_logprobs(step)
             choice = step.choice
             if stream is not None:
-                response = stream.step(step, _sum(before, run.usage)) or response
+                response = stream.step(step, before + run.usage) or response
         assert choice is not None  # a run's steps end with a finished choice
         if fmt.continues(choice):
             return choice, None
         if response is None:
-            response = fmt.response(_status(choice), choice, _sum(before, run.usage))
+            response = fmt.response(_status(choice), choice, before + run.usage)
         return choice, response
 
     def _history(self, wire: Resolved, last: LastResponse | None = None) -> list[dict]:
@@ -447,15 +452,6 @@ class ResponsesEndpoints:
 def _given(wire: Resolved) -> list:
     """The input's items (a string input has none)."""
     return [] if isinstance(wire.input, str) else wire.input
-
-
-def _sum(a: Usage, b: Usage) -> Usage:
-    return Usage(
-        a.prompt_tokens + b.prompt_tokens,
-        a.completion_tokens + b.completion_tokens,
-        a.cached_tokens + b.cached_tokens,
-        a.reasoning_tokens + b.reasoning_tokens,
-    )
 
 
 def _status(choice: Choice) -> str:

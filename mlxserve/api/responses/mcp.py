@@ -8,12 +8,12 @@ call, as OpenAI's does."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import TypeAdapter
 
-from mlxserve.api.mcp_servers import metered_call, open_url, unavailable
+from mlxserve.api.mcp_servers import McpFunction, OfferedTools, open_url, unavailable
 from mlxserve.api.responses.conversation import (
     Conversation,
     InputItem,
@@ -60,15 +60,6 @@ class McpToolSpec(Strict):
     server_description: str | None = None
 
 
-@dataclass(frozen=True)
-class McpFunction:
-    """An MCP tool as the model is offered it, and the hub's name for its server."""
-
-    server_label: str
-    tool: McpTool
-    server: str
-
-
 _ITEMS = TypeAdapter(list[InputItem])
 
 
@@ -88,33 +79,16 @@ class McpRound:
 
 
 @dataclass
-class McpTurn:
-    """The request's MCP tools: by function name, those whose calls wait for approval,
-    and the `mcp_list_tools` items that listed them."""
+class McpTurn(OfferedTools):
+    """The request's MCP tools (labels: the server_label their mcp_call items carry),
+    those whose calls wait for approval, and the `mcp_list_tools` items that listed them."""
 
-    hub: McpHub
-    functions: dict[str, McpFunction]
-    approval: frozenset[str]
-    listed: list[dict]
-    opened: list[str]  # the hub's connections to the request's server_urls
-
-    def close(self) -> None:
-        for name in self.opened:
-            self.hub.close(name)
-
-    def tools(self) -> tuple[neutral.Tool, ...]:
-        return tuple(
-            neutral.Tool(name, f.tool.description, f.tool.input_schema)
-            for name, f in self.functions.items()
-        )
+    approval: frozenset[str] = frozenset()
+    listed: list[dict] = field(default_factory=list)
 
     def round(self, items: list[dict], exhausted: bool = False) -> McpRound:
         """A round after `items` (the output so far)."""
         return McpRound(self.tools(), items, exhausted)
-
-    def labels(self) -> dict[str, str]:
-        """Function name -> the server_label its mcp_call items carry."""
-        return {name: f.server_label for name, f in self.functions.items()}
 
     def approved(self, items: list, history: list[dict]) -> list[dict]:
         """The calls the input's approval responses approve (`items`: the input's items),
@@ -145,12 +119,21 @@ class McpTurn:
                 ran.append(call)
         return ran
 
-    def call(self, item: dict) -> dict:
+    def run(self, item: dict) -> dict:
         """Run an mcp_call item's call; the item with its output or error."""
-        function = self.functions[item["name"]]
-        outcome = _call(self.hub, function, item["arguments"])
+        outcome = self._call(item["name"], item["arguments"])
         status = "failed" if outcome.error is not None else "completed"
         return {**item, "output": outcome.output, "error": outcome.error, "status": status}
+
+    def _call(self, name: str, arguments: str) -> CallOutcome:
+        """The call, where its arguments are a JSON object (the model wrote them)."""
+        try:
+            parsed = json.loads(arguments or "{}")
+        except json.JSONDecodeError as e:
+            return protocol_error(INVALID_PARAMS, f"arguments: {e}")
+        if not isinstance(parsed, dict):
+            return protocol_error(INVALID_PARAMS, "arguments: expected a JSON object")
+        return self.call(name, parsed)
 
 
 def not_run(item: dict) -> dict:
@@ -178,7 +161,7 @@ def turn(
         for item in history
         if item.get("type") == "mcp_list_tools" and not item.get("error")
     }
-    mcp = McpTurn(hub, {}, frozenset(), [], [])
+    mcp = McpTurn(hub)
     approval: set[str] = set()
     try:
         for index, spec in specs:
@@ -192,13 +175,9 @@ def turn(
             for tool in tools:
                 if not _allowed(spec, tool):
                     continue
-                if tool.name in mcp.functions or tool.name in taken:
-                    raise bad_request(
-                        f"Two tools are named '{tool.name}' (one of MCP server "
-                        f"'{spec.server_label}'); give allowed_tools to leave one out.",
-                        f"{param}.allowed_tools",
-                    )
-                mcp.functions[tool.name] = McpFunction(spec.server_label, tool, server)
+                function = McpFunction(spec.server_label, server, tool)
+                remedy = "give allowed_tools to leave one out"
+                mcp.offer(function, taken, f"{param}.allowed_tools", remedy)
                 if _needs_approval(spec, tool):
                     approval.add(tool.name)
     except BaseException:
@@ -288,13 +267,3 @@ def _tool(entry: dict) -> McpTool:
     return McpTool(
         entry["name"], entry.get("description"), entry["input_schema"], entry.get("annotations")
     )
-
-
-def _call(hub: McpHub, function: McpFunction, arguments: str) -> CallOutcome:
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError as e:
-        return protocol_error(INVALID_PARAMS, f"arguments: {e}")
-    if not isinstance(parsed, dict):
-        return protocol_error(INVALID_PARAMS, "arguments: expected a JSON object")
-    return metered_call(hub, function.server, function.tool.name, parsed)

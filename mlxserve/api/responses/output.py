@@ -296,8 +296,9 @@ class ResponseStream:
         self._base += len(items)
 
     def finish(self, response: dict) -> None:
-        """A response whose last round ran its calls (it also called the client's)."""
-        self._send_response("response.completed", response)
+        """A response whose last round ran its calls (it also called the client's, or
+        asked for an approval, or its rounds ran out)."""
+        self._send_response(f"response.{response['status']}", response)
 
     def whole(self, response: dict) -> None:
         """Send a response whose items were made whole, not generated as they stream (a
