@@ -57,6 +57,7 @@ class _Connection:
     error: str | None = None  # why it last failed
     restarts: int = 0
     client: Client | None = None
+    for_request: bool = False  # opened for one request's server URL (not configured)
     broken: asyncio.Event = field(default_factory=asyncio.Event)  # set where a call failed
     stale: asyncio.Event = field(default_factory=asyncio.Event)  # set on list_changed
 
@@ -75,7 +76,7 @@ class McpHub:
     @property
     def names(self) -> tuple[str, ...]:
         """The configured servers (not those a request opened)."""
-        return tuple(name for name in self._connections if name not in self._opened)
+        return tuple(n for n, conn in self._connections.items() if not conn.for_request)
 
     def start(self, wait: float = 30.0) -> None:
         """Connect every server; wait up to `wait` seconds for their first tool lists (a
@@ -121,7 +122,7 @@ class McpHub:
         connected and listed within the call timeout."""
         self._ensure_loop()
         name = f"request:{secrets.token_hex(8)}"
-        conn = _Connection(McpServerConfig(name, url=url, headers=headers))
+        conn = _Connection(McpServerConfig(name, url=url, headers=headers), for_request=True)
         self._connections[name] = conn
         future = self._run(self._open(name, conn))
         try:
@@ -153,8 +154,8 @@ class McpHub:
                 "error": conn.error,
                 "restarts": conn.restarts,
             }
-            for name, conn in list(self._connections.items())
-            if name not in self._opened
+            for conn in list(self._connections.values())
+            if not conn.for_request
         ]
 
     def tools(self, server: str) -> tuple[McpTool, ...] | None:
@@ -206,18 +207,8 @@ class McpHub:
 
     async def _hold(self, conn: _Connection) -> None:
         """A request's connection, held until it is closed (cancelled) or fails."""
-        from mlxserve.mcp import sessions  # the SDK, on first use
-
-        try:
-            async with sessions.connected(conn.config, _watcher(conn)) as client:
-                conn.tools = await sessions.listed(client)
-                conn.client, conn.state = client, "ready"
-                await self._serve(conn, client)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:
-            conn.error = _describe(e)
-        conn.client, conn.state = None, "failed"
+        await self._session(conn)
+        conn.state = "failed"
 
     async def _first_lists(self) -> None:
         while any(c.state == "starting" for c in self._connections.values()):
@@ -230,23 +221,13 @@ class McpHub:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _supervise(self, conn: _Connection) -> None:
-        from mlxserve.mcp import sessions  # the SDK, on first use
-
+        """A configured server's connection, made again (a stdio server restarted) each
+        time it ends, after a back-off."""
         delay = FIRST_RETRY
         while True:
             conn.broken.clear()
-            try:
-                async with sessions.connected(conn.config, _watcher(conn)) as client:
-                    conn.tools = await sessions.listed(client)
-                    conn.client, conn.state, conn.error = client, "ready", None
-                    delay = FIRST_RETRY
-                    log.info("MCP server %r: %d tools", conn.config.name, len(conn.tools))
-                    await self._serve(conn, client)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as e:  # a dead transport ends in an exception group
-                conn.error = _describe(e)
-            conn.client = None
+            if await self._session(conn):
+                delay = FIRST_RETRY
             conn.state = "restarting"
             conn.restarts += 1
             log.warning(
@@ -257,6 +238,26 @@ class McpHub:
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, LAST_RETRY)
+
+    async def _session(self, conn: _Connection) -> bool:
+        """One connection, from connecting until it breaks (why: `conn.error`); whether
+        it got as far as its tool list."""
+        from mlxserve.mcp import sessions  # the SDK, on first use
+
+        listed = False
+        try:
+            async with sessions.connected(conn.config, _watcher(conn)) as client:
+                conn.tools = await sessions.listed(client)
+                conn.client, conn.state, conn.error = client, "ready", None
+                listed = True
+                log.info("MCP server %r: %d tools", conn.config.name, len(conn.tools))
+                await self._serve(conn, client)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # a dead transport ends in an exception group
+            conn.error = _describe(e)
+        conn.client = None
+        return listed
 
     async def _serve(self, conn: _Connection, client: Client) -> None:
         """Until the connection breaks: list the tools again when they change, ping while
