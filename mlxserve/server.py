@@ -53,13 +53,12 @@ class MLXServer(ThreadingHTTPServer):
     # a TCP retransmission (a second or more).
     request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, config: ServerConfig, routes: Routes, metrics: Metrics):
+    def __init__(self, config: ServerConfig, routes: Routes):
         if ":" in config.host:
             self.address_family = socket.AF_INET6
         super().__init__((config.host, config.port), APIHandler)
         self.config = config
         self.routes = routes
-        self.metrics = metrics
         self._open_requests = 0  # being answered now: shutdown waits for their last bytes
         self._open_lock = threading.Lock()
 
@@ -157,7 +156,7 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
             for spec, counts in worker.residency.speculation()
         ],
     )
-    server = MLXServer(config, Routes(ChatService(config, provider, worker)), metrics)
+    server = MLXServer(config, Routes(ChatService(config, provider, worker), metrics))
     faults.attach(worker, server.drain)
     return server
 

@@ -130,7 +130,9 @@ def test_methods_and_paths(conversing):
     status, _, reply = conversing.get(f"{CONVERSATIONS}/{made.id}/other")
     assert status == 404 and reply["error"]["code"] == "unknown_url"
     _, _, metrics = conversing.get("/metrics")
-    assert 'endpoint="/v1/conversations/{id}/items"' in metrics and made.id not in metrics
+    assert (
+        'endpoint="/v1/conversations/{conversation_id}/items"' in metrics and made.id not in metrics
+    )
 
 
 def test_a_response_continues_the_conversation_and_adds_its_turn(conversing):

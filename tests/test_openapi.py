@@ -1,8 +1,8 @@
-"""GET /openapi.json: a valid OpenAPI 3.1 document of every route the server answers, with
-no drift either way (a route of the route table without an operation fails, and so does an
-operation the server does not answer), fuzzed by schemathesis against a real server on a
-fixture model: no 5xx, no hang, replies in their documented shapes and content types, and
-the server's memory back near where it started."""
+"""GET /openapi.json: a valid OpenAPI 3.1 document of every route the server answers (it is
+built from the route table: test_route_table.py), each operation answered by the real
+server, fuzzed by schemathesis against a real server on a fixture model: no 5xx, no hang,
+replies in their documented shapes and content types, and the server's memory back near
+where it started."""
 
 from __future__ import annotations
 
@@ -17,62 +17,11 @@ import psutil
 import pytest
 from openapi_spec_validator import validate
 
-from mlxserve.api.batches.routes import BATCHES, FILES, MESSAGE_BATCHES, BatchRoutes
-from mlxserve.api.openapi.document import OPERATIONS
-from mlxserve.api.responses.conversations import ConversationEndpoints
-from mlxserve.api.routes import GET_PATHS, POST_ROUTES
-
 FUZZ_SECONDS = 240  # the fuzz run's whole budget (it stops itself well before)
 # What the run may grow the server by: caches the fuzzing fills (the prompt cache, stored
 # responses) within their bounds, and the allocator's slack. A leak per request grows past
 # it within the run's thousands of requests.
 MEMORY_SLACK = 64 * 2**20  # measured: 16 MiB over 121 s on this CPU
-
-
-def documented() -> set[tuple[str, str]]:
-    return {(op.method, op.path) for op in OPERATIONS}
-
-
-def covered(method: str, path: str) -> bool:
-    """Whether a route is documented: as it is, or as its other spelling (with or without
-    /v1: both answer)."""
-    spellings = {path, "/v1" + path, path.removeprefix("/v1")}
-    return any((method, spelling) in documented() for spelling in spellings)
-
-
-def batch_operations() -> set[tuple[str, str]]:
-    """What the batch route table answers, read from the table itself."""
-    table = BatchRoutes(None, None, None)  # type: ignore[arg-type]  # only its shape is read
-    names = {FILES: "{file_id}", BATCHES: "{batch_id}", MESSAGE_BATCHES: "{batch_id}"}
-    found = set()
-    for root, name in names.items():
-        for rest in ([], ["x"], ["x", "content"], ["x", "cancel"], ["x", "results"]):
-            routes = table._routes(root, rest, None, lambda: b"", None)  # type: ignore[arg-type]
-            shown = "/".join([name, *rest[1:]]) if rest else ""
-            for method in routes:
-                found.add((method, "/v1" + root + (f"/{shown}" if shown else "")))
-    return found
-
-
-def conversation_operations() -> set[tuple[str, str]]:
-    """What the conversation router answers, read from the router itself."""
-    router = ConversationEndpoints(None, None)  # type: ignore[arg-type]  # only its shape is read
-    names = ["{conversation_id}", "items", "{item_id}"]
-    return {
-        (method, "/v1/conversations" + "".join(f"/{name}" for name in names[:depth]))
-        for depth, parts in enumerate(([], ["x"], ["x", "items"], ["x", "items", "y"]))
-        for method in router.routes(parts, "", lambda: b"")
-    }
-
-
-def test_every_route_has_an_operation():
-    """The route table against the document: each POST endpoint, each GET path and each
-    batch and conversation route is documented."""
-    routes = {("POST", path) for paths, _ in POST_ROUTES for path in paths}
-    routes |= {("GET", path) for path in GET_PATHS} | batch_operations()
-    routes |= conversation_operations()
-    missing = {route for route in routes if not covered(*route)}
-    assert missing == set(), f"routes without an operation in /openapi.json: {missing}"
 
 
 def test_every_operation_is_answered_and_the_document_validates(server):

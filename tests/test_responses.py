@@ -953,5 +953,5 @@ def test_unknown_ids_methods_and_models(server):
     status, _, reply = server.delete("/v1/nothing")
     assert status == 404
     _, _, metrics = server.get("/metrics")
-    assert 'endpoint="/v1/responses/{id}"' in metrics and "resp_nope" not in metrics
+    assert 'endpoint="/v1/responses/{response_id}"' in metrics and "resp_nope" not in metrics
     assert sdk.responses.create(**body(BY_NAME["capital"])).output_text == BY_NAME["capital"].reply

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from email.message import Message
 
-from mlxserve.api.routes import ADMIN_PATHS
 from mlxserve.api.websocket import subprotocol_key
 from mlxserve.keys.caller import Caller, admin_only, calling
 from mlxserve.keys.gate import KeyGate
@@ -31,13 +30,14 @@ def given_key(headers: Message) -> str | None:
 
 @contextmanager
 def admitted(
-    gate: KeyGate, headers: Message, path: str, record: RequestRecord, metrics: Metrics
+    gate: KeyGate, headers: Message, admin: bool, record: RequestRecord, metrics: Metrics
 ) -> Iterator[Caller]:
     """Run the block as the request's caller, its costs charged to its key (a POST or a
-    WebSocket message may spend tokens: the other methods read)."""
+    WebSocket message may spend tokens: the other methods read); `admin`: the route wants
+    an admin key."""
     spends = record.method in SPENDING_METHODS
     with gate.admit(given_key(headers), spends) as caller, calling(caller):
-        if path in ADMIN_PATHS and not caller.admin:
+        if admin and not caller.admin:
             raise admin_only()
         key = record.key = caller.name
         if key is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.message import Message
 
 from mlxserve.protocol.errors import ErrorKind, ServiceError
 
@@ -26,3 +27,30 @@ class ErrorReply:
 
 
 ErrorRenderer = Callable[[ServiceError], ErrorReply]
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    """A dialect's error body: how a neutral error is rendered in it, and the name of its
+    schema in the OpenAPI document."""
+
+    component: str
+    render: ErrorRenderer
+
+
+@dataclass(frozen=True)
+class Errors:
+    """The shape a route's errors go out in; `asked`: another shape a request may ask
+    for by its headers (Anthropic's model list, asked with anthropic-version)."""
+
+    shape: ErrorShape
+    asked: tuple[Callable[[Message], bool], ErrorShape] | None = None
+
+    def renderer(self, headers: Message | None) -> ErrorRenderer:
+        if self.asked is not None and headers is not None and self.asked[0](headers):
+            return self.asked[1].render
+        return self.shape.render
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return (self.shape.component,) + ((self.asked[1].component,) if self.asked else ())

@@ -12,10 +12,9 @@ from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
 from typing import Protocol, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from mlxserve.api.access import SPENDING_METHODS, WEBSOCKET_METHOD, admitted, count_request
-from mlxserve.api.batches.routes import is_batch_path
 from mlxserve.api.deadline import ReadDeadline
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.guards import (
@@ -25,44 +24,16 @@ from mlxserve.api.guards import (
     check_origin,
     chunk_size,
 )
-from mlxserve.api.images.links import LINK_PREFIX
-from mlxserve.api.openapi.document import document
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
-from mlxserve.api.responses.conversations import is_conversation_path
-from mlxserve.api.routes import (
-    GET_PATHS,
-    HEAD_PATHS,
-    HEALTH_PATHS,
-    KEYS_PATHS,
-    MCP_SERVERS_PATHS,
-    METRICS_PATHS,
-    MODEL_PREFIXES,
-    MODELS_PATHS,
-    OLLAMA_DELETE_PATHS,
-    OLLAMA_PS_PATHS,
-    OLLAMA_TAGS_PATHS,
-    OLLAMA_VERSION_PATHS,
-    OPENAPI_PATHS,
-    RESPONSE_PREFIXES,
-    STATUS_PATHS,
-    USAGE_PATHS,
-    Routes,
-    is_keyless,
-)
-from mlxserve.api.websocket import WebSocket, is_upgrade
+from mlxserve.api.router import Found, Router
+from mlxserve.api.table import Call, Reply
+from mlxserve.api.websocket import OpenSockets, WebSocket, is_upgrade
 from mlxserve.config import ServerConfig
-from mlxserve.protocol.errors import (
-    ClientGone,
-    ErrorKind,
-    ServiceError,
-    internal_error,
-    not_found,
-)
-from mlxserve.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from mlxserve.keys.gate import KeyGate
+from mlxserve.protocol.errors import ClientGone, ErrorKind, ServiceError, internal_error
+from mlxserve.telemetry.activity import Activity
 from mlxserve.telemetry.metrics import Metrics
 from mlxserve.telemetry.record import RequestRecord, recording, request_id
-from mlxserve.webapp import HEADERS as PAGE_HEADERS
-from mlxserve.webapp import asset, is_asset_path
 
 log = logging.getLogger(__name__)
 # A body must arrive at this rate at least (its deadline grows with its size), and never
@@ -87,12 +58,24 @@ ALLOWED_HEADERS = (
 )
 
 
+class Edge(Protocol):
+    """What the handler answers with (api.routes.Routes): the route table, the key gate,
+    the counters."""
+
+    router: Router
+    keys: KeyGate
+    activity: Activity
+    open_sockets: OpenSockets
+    metrics: Metrics
+
+
 class Serving(Protocol):
     """What the handler needs of the HTTP server it runs under (server.MLXServer)."""
 
     config: ServerConfig
-    routes: Routes
-    metrics: Metrics
+
+    @property
+    def routes(self) -> Edge: ...
 
     def answering(self) -> AbstractContextManager[None]: ...
 
@@ -123,43 +106,22 @@ class APIHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path.rstrip("/") or "/"
-        if is_upgrade(self.headers) and path in self.app.routes.sockets:
-            self._handle(self._upgrade)  # each of its messages is answered as a request
+        if is_upgrade(self.headers) and path in self.app.routes.router.sockets:
+            self._handle(upgrade=True)  # each of its messages is answered as a request
             return
-        with self.app.answering():
-            self._handle(self._get)
-
-    def do_POST(self) -> None:
-        with self.app.answering():
-            self._handle(self._post)
-
-    def do_DELETE(self) -> None:
-        with self.app.answering():
-            self._handle(self._delete)
-
-    def do_HEAD(self) -> None:
-        """Headers only, where Ollama's clients probe (HEAD_PATHS); elsewhere a 405."""
-        with self.app.answering():
-            self._handle(self._head)
+        self._answering()
 
     def __getattr__(self, name: str):
-        """Any other method (PUT, PATCH, TRACE, HEAD...): a 405 in the path's dialect,
-        where http.server would answer 501 in HTML."""
+        """POST, DELETE, HEAD and any other method (PUT, PATCH...): answered by the route
+        table, a 405 in the path's dialect where no route takes it (http.server would
+        answer 501 in HTML)."""
         if name.startswith("do_"):
-            return self._other_method
+            return self._answering
         raise AttributeError(name)
 
-    def _other_method(self) -> None:
+    def _answering(self) -> None:
         with self.app.answering():
-            self._handle(self._not_allowed)
-
-    def _not_allowed(self, path: str) -> None:
-        raise ServiceError(
-            ErrorKind.METHOD_NOT_ALLOWED,
-            f"Method {self.command} is not allowed; this server answers GET, POST, DELETE "
-            "and OPTIONS.",
-            code="method_not_allowed",
-        )
+            self._handle()
 
     def setup(self) -> None:
         # A client silent this long (an unfinished body, an idle kept-alive connection) is
@@ -185,17 +147,18 @@ class APIHandler(BaseHTTPRequestHandler):
         self.deadline.cancel()  # the head is in
         return parsed
 
-    def _handle(self, route) -> None:
-        """Answer one request, then write its access-log line and count it."""
+    def _handle(self, upgrade: bool = False) -> None:
+        """Answer one request (or open a WebSocket), then write its access-log line and
+        count it."""
         self.record = RequestRecord(
             request_id(self.headers.get("X-Request-Id")),
             self.command,
             self.path,
-            on_token_gap=self.app.metrics.observe_token_gap,
+            on_token_gap=self.app.routes.metrics.observe_token_gap,
             on_token=self.app.routes.activity.token,
         )
         with recording(self.record):
-            path = self._answer(route)
+            path = self._answer(upgrade)
             self._account(self.record, path)
 
     def _account(self, record: RequestRecord, path: str) -> None:
@@ -203,7 +166,7 @@ class APIHandler(BaseHTTPRequestHandler):
         count_request(record)
         record.finished = time.monotonic()
         access_log.info(record.access_line())
-        self.app.metrics.observe(record, self.app.routes.endpoint(path))
+        self.app.routes.metrics.observe(record, self.app.routes.router.label(path))
         if record.method in SPENDING_METHODS:  # the work itself, not the pages polling for it
             self.app.routes.activity.finished(record)
 
@@ -229,7 +192,8 @@ class APIHandler(BaseHTTPRequestHandler):
         log.info("WebSocket opened on %s for %s", path, peer)
         try:
             with self.app.routes.open_sockets.holding(socket_):
-                self.app.routes.sockets[path](socket_, lambda: self._turn(path))
+                route, endpoints = self.app.routes.router.sockets[path]
+                route.session(endpoints, socket_, lambda: self._turn(path))
         finally:
             socket_.close()
             log.info("WebSocket closed on %s for %s", path, peer)
@@ -243,7 +207,7 @@ class APIHandler(BaseHTTPRequestHandler):
             WEBSOCKET_METHOD,
             path,
             status=200,
-            on_token_gap=self.app.metrics.observe_token_gap,
+            on_token_gap=self.app.routes.metrics.observe_token_gap,
             on_token=self.app.routes.activity.token,
         )
         routes = self.app.routes
@@ -251,11 +215,11 @@ class APIHandler(BaseHTTPRequestHandler):
             try:
                 with (
                     self.app.answering(),
-                    admitted(routes.keys, self.headers, path, record, self.app.metrics),
+                    admitted(routes.keys, self.headers, False, record, routes.metrics),
                 ):
                     yield
             except ServiceError as e:
-                record.status = routes.errors(path)(e).status
+                record.status = routes.router.errors("POST", path)(e).status
                 raise
             except ClientGone:
                 raise
@@ -265,171 +229,63 @@ class APIHandler(BaseHTTPRequestHandler):
             finally:
                 self._account(record, path)
 
-    def _answer(self, route) -> str:
+    def _answer(self, upgrade: bool) -> str:
         """Route the request; errors become the dialect's error reply. Returns the path."""
         self.streaming = False
         self.body_read = False
-        if self.command != "POST" and not self._reads_body(self.path.split("?")[0].rstrip("/")):
-            self._drain()
-        routes: Routes = self.app.routes
+        edge = self.app.routes
         config = self.app.config
-        path = "/"
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        found: Found | None = None
+        unrouted: ServiceError | None = None
+        if not upgrade:
+            try:
+                found = edge.router.resolve(self.command, path)
+            except ServiceError as e:
+                unrouted = e  # answered once the key is checked: no key, no map of paths
+        if self.command != "POST" and not (found is not None and found.route.takes_body):
+            self._drain()
         try:
-            path = urlsplit(self.path).path.rstrip("/") or "/"
             check_host(self.headers, config.allowed_hosts, config.host)
-            if is_keyless(path) or is_asset_path(path):
-                route(path)  # the web app's files hold no data: its API calls do
+            if found is not None and found.route.keyless:
+                self._dispatch(found)
             else:
                 assert self.record is not None
-                with admitted(routes.keys, self.headers, path, self.record, self.app.metrics):
-                    route(path)
+                admin = found is not None and found.route.admin
+                with admitted(edge.keys, self.headers, admin, self.record, edge.metrics):
+                    if unrouted is not None:
+                        raise unrouted
+                    if found is None:
+                        self._upgrade(path)
+                    else:
+                        self._dispatch(found)
         except ServiceError as e:
-            self._send_error(routes.errors(path, self.headers)(e))
+            self._send_error(edge.router.errors(self.command, path, self.headers)(e))
         except ClientGone:
             log.info("client closed the connection: %s %s", self.command, self.path)
             self.close_connection = True
         except Exception as e:
             log.exception("unhandled error on %s %s", self.command, self.path)
             error = internal_error(f"Internal error: {e}")
-            self._send_error(routes.errors(path, self.headers)(error))
+            self._send_error(edge.router.errors(self.command, path, self.headers)(error))
         return path
 
-    def _reads_body(self, path: str) -> bool:
-        """A request other than a POST whose body an endpoint reads (Ollama's delete)."""
-        return self.command == "DELETE" and path in OLLAMA_DELETE_PATHS
+    def _dispatch(self, found: Found) -> None:
+        """Call the route's handler; send its whole reply (None: it streamed)."""
+        route = found.route
 
-    def _head(self, path: str) -> None:
-        if path not in HEAD_PATHS:
-            self._not_allowed(path)
-        self._get(path)
-
-    def _get(self, path: str) -> None:
-        endpoints = self.app.routes.openai
-        ollama = self.app.routes.ollama
-        if is_asset_path(path):
-            self._send_asset(path)
-        elif path in OLLAMA_VERSION_PATHS:
-            self._send_json(200, ollama.version())
-        elif path in OLLAMA_TAGS_PATHS:
-            self._send_json(200, ollama.tags())
-        elif path in OLLAMA_PS_PATHS:
-            self._send_json(200, ollama.ps())
-        elif path in HEALTH_PATHS:
-            status, body = endpoints.health()
-            self._send_json(status, body)
-        elif path in MODELS_PATHS:
-            query = urlsplit(self.path).query
-            self._send_json(200, self.app.routes.models(self.headers, query))
-        elif path in STATUS_PATHS:
-            self._send_json(200, self.app.routes.status.status())
-        elif path in METRICS_PATHS:
-            self._send(200, self.app.metrics.render(), METRICS_CONTENT_TYPE)
-        elif path in USAGE_PATHS:
-            self._send_json(200, self.app.routes.usage.usage(urlsplit(self.path).query))
-        elif path in KEYS_PATHS:
-            self._send_json(200, self.app.routes.usage.keys())
-        elif path in MCP_SERVERS_PATHS:
-            self._send_json(200, {"object": "list", "data": self.app.routes.mcp.states()})
-        elif path in OPENAPI_PATHS:
-            self._send_json(200, document())
-        elif path.startswith(MODEL_PREFIXES):
-            model_id = unquote(path.split("/models/", 1)[1])
-            self._send_json(200, self.app.routes.model(self.headers, model_id))
-        elif path.startswith(RESPONSE_PREFIXES):
-            self._send_json(200, self._stored_response(path))
-        elif path.startswith(LINK_PREFIX):
-            self._reply(self.app.routes.image_links.get(path))
-        elif is_batch_path(path):
-            self._batch(path)
-        elif is_conversation_path(path):
-            self._conversation(path)
-        elif path in self.app.routes.sockets:
-            raise ServiceError(
-                ErrorKind.METHOD_NOT_ALLOWED,
-                f"GET {path} opens a WebSocket (send Upgrade: websocket)"
-                + ("; POST creates a response." if path in self.app.routes.post else "."),
-                code="method_not_allowed",
-            )
-        else:
-            self._unknown(path, tuple(self.app.routes.post))
-
-    def _send_asset(self, path: str) -> None:
-        found = asset(path)
-        if found is None:
-            raise not_found(f"Unknown path: {path}", code="unknown_url")
-        self._send(200, found.data, found.content_type, PAGE_HEADERS)
-
-    def _batch(self, path: str) -> None:
-        """Files, OpenAI's batches and Anthropic's message batches (any method)."""
-        batches = self.app.routes.batches
-        self._routed(
-            path, lambda query, body: batches.answer(self.command, path, query, body, self)
-        )
-
-    def _conversation(self, path: str) -> None:
-        """Conversations and their items (any method)."""
-        conversations = self.app.routes.responses.conversations
-        self._routed(
-            path, lambda query, body: conversations.answer(self.command, path, query, body)
-        )
-
-    def _routed(self, path: str, answer) -> None:
-        """A path with ids in it, answered by its router: `answer(query, read_body)`."""
-
-        def body() -> bytes:
+        def read_body() -> bytes:
             check_browser_post(self.headers, self.app.config.allowed_origins)
-            return self._read_body(self.app.routes.body_limit(path))
+            return self._read_body(route.limit(self.app.config))
 
-        self._reply(answer(urlsplit(self.path).query, body))
+        query = urlsplit(self.path).query
+        self._reply(found.mounted.answer(Call(found.params, query, self.headers, self, read_body)))
 
-    def _reply(self, result: dict | RawReply | None) -> None:
-        """An endpoint's whole reply (None: it was streamed)."""
+    def _reply(self, result: Reply) -> None:
         if isinstance(result, RawReply):
-            self._send(200, result.data, result.content_type)
+            self._send(result.status, result.data, result.content_type, result.headers)
         elif result is not None:
             self._send_json(200, result)
-
-    def _delete(self, path: str) -> None:
-        if is_batch_path(path):
-            self._batch(path)
-            return
-        if is_conversation_path(path):
-            self._conversation(path)
-            return
-        if path in OLLAMA_DELETE_PATHS:
-            limit = self.app.routes.body_limit(path)
-            self._reply(self.app.routes.ollama.delete(self._read_body(limit), self))
-            return
-        if not path.startswith(RESPONSE_PREFIXES):
-            self._unknown(path, (*self.app.routes.post, *GET_PATHS))
-        self._send_json(200, self._stored_response(path))
-
-    def _stored_response(self, path: str) -> dict:
-        query = urlsplit(self.path).query
-        return self.app.routes.stored_response(self.command, unquote(path), query)
-
-    def _post(self, path: str) -> None:
-        endpoint = self.app.routes.post.get(path)
-        if endpoint is None and is_batch_path(path):
-            self._batch(path)
-            return
-        if endpoint is None and is_conversation_path(path):
-            self._conversation(path)
-            return
-        if endpoint is None:
-            self._unknown(path, GET_PATHS)
-            return
-        check_browser_post(self.headers, self.app.config.allowed_origins)
-        self._reply(endpoint(self._read_body(self.app.routes.body_limit(path)), self))
-
-    def _unknown(self, path: str, other_method_paths: tuple[str, ...]) -> None:
-        if path in other_method_paths:
-            raise ServiceError(
-                ErrorKind.METHOD_NOT_ALLOWED,
-                f"Method {self.command} is not allowed on {path}.",
-                code="method_not_allowed",
-            )
-        raise not_found(f"Unknown path: {path}", code="unknown_url")
 
     # Requests ---------------------------------------------------------------------------
 

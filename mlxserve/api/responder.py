@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from io import BufferedIOBase
 from typing import Protocol
 
@@ -11,10 +12,17 @@ SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 
 @dataclass(frozen=True)
 class RawReply:
-    """A whole reply that is not JSON (a transcript as text, synthesised audio)."""
+    """A whole reply given as bytes: one that is not JSON (a transcript as text,
+    synthesised audio, a page), or JSON with a status other than 200."""
 
     content_type: str
     data: bytes
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_reply(status: int, body: dict) -> RawReply:
+    return RawReply("application/json", json.dumps(body, ensure_ascii=False).encode(), status)
 
 
 class Responder(Protocol):

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STATIC = Path(__file__).parent / "static"
-ASSET_PREFIX = "/app/"
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -34,14 +33,9 @@ class Asset:
     content_type: str
 
 
-def is_asset_path(path: str) -> bool:
-    return path == "/" or path.startswith(ASSET_PREFIX)
-
-
-def asset(path: str) -> Asset | None:
-    """The file a path names: `/` is the page, `/app/NAME` the files beside it."""
-    name = "index.html" if path == "/" else path.removeprefix(ASSET_PREFIX)
-    if not is_asset_path(path) or "/" in name or name.startswith("."):
+def asset(name: str) -> Asset | None:
+    """A file of the web app by its name (`index.html` is the page at `/`)."""
+    if "/" in name or name.startswith("."):
         return None
     file = STATIC / name
     if file.suffix not in CONTENT_TYPES or not file.is_file():

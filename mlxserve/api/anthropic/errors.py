@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxserve.api.errors import ErrorReply
+from mlxserve.api.errors import ErrorReply, Errors, ErrorShape
 from mlxserve.protocol.errors import ContextLengthExceeded, ErrorKind, ServiceError
 
 # kind -> (status, type). Anthropic has no "not ready" status: 503 with api_error, which
@@ -42,3 +42,6 @@ def _context_message(error: ContextLengthExceeded) -> str:
 
 def error_reply(error: ServiceError) -> ErrorReply:
     return ErrorReply(STATUS[error.kind][0], error_body(error), error)
+
+
+ERRORS = Errors(ErrorShape("AnthropicError", error_reply))

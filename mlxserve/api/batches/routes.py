@@ -1,126 +1,44 @@
-"""Which batch or file endpoint answers a method and path: /v1/files[/{id}[/content]],
-/v1/batches[/{id}[/cancel]], /v1/messages/batches[/{id}[/cancel|/results]] (each also
-without its /v1)."""
+"""The batch routes: /v1/files and /v1/batches (OpenAI's), /v1/messages/batches
+(Anthropic's, errors in its shape)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from mlxserve.api.batches.anthropic import MessageBatchEndpoints
-from mlxserve.api.batches.openai import BatchEndpoints, FileEndpoints
+from mlxserve.api.anthropic.errors import ERRORS as ANTHROPIC_ERRORS
+from mlxserve.api.batches.anthropic import JSONL as ANTHROPIC_JSONL
+from mlxserve.api.batches.anthropic import MessageBatchCreate, MessageBatchEndpoints
+from mlxserve.api.batches.openai import JSONL as OPENAI_JSONL
+from mlxserve.api.batches.openai import BatchCreate, BatchEndpoints, FileEndpoints
 from mlxserve.api.batches.query import Query
-from mlxserve.api.methods import Reply, answer_with
-from mlxserve.api.responder import Responder
-from mlxserve.protocol.errors import not_found
+from mlxserve.api.openai.errors import ERRORS
+from mlxserve.api.openapi import shapes as s
+from mlxserve.api.openapi.shapes import JSON
+from mlxserve.api.table import Route, by_id, upload, with_body
 
-FILES = "/files"
-BATCHES = "/batches"
-MESSAGE_BATCHES = "/messages/batches"
-ROOTS = (FILES, BATCHES, MESSAGE_BATCHES)
+TAG = "batches"
+LIMIT = {"limit": {"type": "integer", "minimum": 1}}
+UPLOAD_FORM = s.obj({"file": s.binary("application/octet-stream"), "purpose": {"const": "batch"}})
+BATCH_FILE = upload(lambda config: config.max_batch_file_bytes)
 
+FILE_ROUTES: tuple[Route[FileEndpoints], ...] = (
+    Route("POST", "/v1/files", with_body(FileEndpoints.upload), "Upload a batch input file", TAG, {JSON: s.ref("File")}, ERRORS, UPLOAD_FORM, body_limit=BATCH_FILE),
+    Route("GET", "/v1/files", lambda e, call: e.list(Query(call.query)), "Files", TAG, {JSON: s.FILE_LIST}, ERRORS, query={"purpose": s.STRING, **LIMIT, "order": {"enum": ["asc", "desc"]}, "after": s.STRING}),
+    Route("GET", "/v1/files/{file_id}", by_id(FileEndpoints.retrieve, "file_id"), "A file", TAG, {JSON: s.ref("File")}, ERRORS),
+    Route("DELETE", "/v1/files/{file_id}", by_id(FileEndpoints.delete, "file_id"), "Delete a file", TAG, {JSON: s.DELETED_FILE}, ERRORS),
+    Route("GET", "/v1/files/{file_id}/content", by_id(FileEndpoints.content, "file_id"), "A file's content", TAG, {OPENAI_JSONL: s.STRING}, ERRORS),
+)  # fmt: skip
 
-def _parts(path: str) -> tuple[str, list[str]] | None:
-    """(root, the segments after it) for a batch path, else None."""
-    bare = path.removeprefix("/v1")
-    for root in sorted(ROOTS, key=len, reverse=True):  # /messages/batches before /batches
-        if bare == root or bare.startswith(root + "/"):
-            rest = bare[len(root) :].strip("/")
-            return root, rest.split("/") if rest else []
-    return None
+BATCH_ROUTES: tuple[Route[BatchEndpoints], ...] = (
+    Route("POST", "/v1/batches", with_body(BatchEndpoints.create), "Create a batch", TAG, {JSON: s.ref("Batch")}, ERRORS, BatchCreate),
+    Route("GET", "/v1/batches", lambda e, call: e.list(Query(call.query)), "Batches", TAG, {JSON: s.BATCH_LIST}, ERRORS, query={**LIMIT, "after": s.STRING}),
+    Route("GET", "/v1/batches/{batch_id}", by_id(BatchEndpoints.retrieve, "batch_id"), "A batch", TAG, {JSON: s.ref("Batch")}, ERRORS),
+    Route("POST", "/v1/batches/{batch_id}/cancel", lambda e, call: e.cancel(call.params["batch_id"], call.body, call.responder), "Cancel a batch", TAG, {JSON: s.ref("Batch")}, ERRORS),
+)  # fmt: skip
 
-
-def is_batch_path(path: str) -> bool:
-    return _parts(path) is not None
-
-
-def is_anthropic_path(path: str) -> bool:
-    found = _parts(path)
-    return found is not None and found[0] == MESSAGE_BATCHES
-
-
-def is_upload_path(path: str) -> bool:
-    """Bodies that may be as large as a batch file (plus a form's fields)."""
-    found = _parts(path)
-    return found is not None and found[1] == [] and found[0] in (FILES, MESSAGE_BATCHES)
-
-
-@dataclass
-class BatchRoutes:
-    files: FileEndpoints
-    batches: BatchEndpoints
-    messages: MessageBatchEndpoints
-
-    def answer(
-        self,
-        method: str,
-        path: str,
-        query: str,
-        body: Callable[[], bytes],
-        responder: Responder,
-    ) -> Reply:
-        """The reply to a batch path; `body` reads the request's body (POST only)."""
-        found = _parts(path)
-        if found is None:
-            raise not_found(f"Unknown path: {path}", code="unknown_url")
-        root, rest = found
-        return answer_with(method, path, self._routes(root, rest, Query(query), body, responder))
-
-    def _routes(
-        self,
-        root: str,
-        rest: list[str],
-        query: Query,
-        body: Callable[[], bytes],
-        responder: Responder,
-    ) -> dict[str, Callable[[], Reply]]:
-        """The methods a path answers, each with its endpoint call."""
-        files, batches, messages = self.files, self.batches, self.messages
-        if root == FILES:
-            if not rest:
-                return {
-                    "GET": lambda: files.list(query),
-                    "POST": lambda: files.upload(body(), responder),
-                }
-            if len(rest) == 1:
-                return {
-                    "GET": lambda: files.retrieve(rest[0]),
-                    "DELETE": lambda: files.delete(rest[0]),
-                }
-            if rest[1:] == ["content"]:
-                return {"GET": lambda: files.content(rest[0])}
-        elif root == BATCHES:
-            if not rest:
-                return {
-                    "GET": lambda: batches.list(query),
-                    "POST": lambda: batches.create(body(), responder),
-                }
-            if len(rest) == 1:
-                return {"GET": lambda: batches.retrieve(rest[0])}
-            if rest[1:] == ["cancel"]:
-                return {"POST": lambda: batches.cancel(rest[0], body(), responder)}
-        else:
-            if not rest:
-                return {
-                    "GET": lambda: messages.list(query, responder),
-                    "POST": lambda: messages.create(body(), responder),
-                }
-            if len(rest) == 1:
-                return {
-                    "GET": lambda: messages.retrieve(rest[0], responder),
-                    "DELETE": lambda: messages.delete(rest[0]),
-                }
-            if rest[1:] == ["cancel"]:
-                return {"POST": lambda: messages.cancel(rest[0], body(), responder)}
-            if rest[1:] == ["results"]:
-                return {"GET": lambda: messages.results(rest[0])}
-        return {}
-
-
-def label(path: str) -> str:
-    """A batch path as a metrics label (ids left out: labels stay bounded)."""
-    found = _parts(path)
-    if found is None:
-        return "other"
-    root, rest = found
-    return "/v1" + root + ("/{id}" if rest else "") + "".join(f"/{p}" for p in rest[1:2])
+MESSAGE_BATCH_ROUTES: tuple[Route[MessageBatchEndpoints], ...] = (
+    Route("POST", "/v1/messages/batches", with_body(MessageBatchEndpoints.create), "Create a message batch", TAG, {JSON: s.ref("MessageBatch")}, ANTHROPIC_ERRORS, MessageBatchCreate, body_limit=BATCH_FILE),
+    Route("GET", "/v1/messages/batches", lambda e, call: e.list(Query(call.query), call.responder), "Message batches", TAG, {JSON: s.MESSAGE_BATCH_LIST}, ANTHROPIC_ERRORS, query={**LIMIT, "after_id": s.STRING, "before_id": s.STRING}),
+    Route("GET", "/v1/messages/batches/{batch_id}", lambda e, call: e.retrieve(call.params["batch_id"], call.responder), "A message batch", TAG, {JSON: s.ref("MessageBatch")}, ANTHROPIC_ERRORS),
+    Route("POST", "/v1/messages/batches/{batch_id}/cancel", lambda e, call: e.cancel(call.params["batch_id"], call.body, call.responder), "Cancel a message batch", TAG, {JSON: s.ref("MessageBatch")}, ANTHROPIC_ERRORS),
+    Route("DELETE", "/v1/messages/batches/{batch_id}", by_id(MessageBatchEndpoints.delete, "batch_id"), "Delete an ended message batch", TAG, {JSON: s.DELETED_MESSAGE_BATCH}, ANTHROPIC_ERRORS),
+    Route("GET", "/v1/messages/batches/{batch_id}/results", by_id(MessageBatchEndpoints.results, "batch_id"), "An ended message batch's results", TAG, {ANTHROPIC_JSONL: s.STRING}, ANTHROPIC_ERRORS),
+)  # fmt: skip

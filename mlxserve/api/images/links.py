@@ -1,5 +1,5 @@
 """The images a `response_format: "url"` reply links to, kept in memory for a while and
-served at /v1/images/files/{id}. The id (128 random bits) is what grants access, as
+served at /v1/images/files/{name}. The id (128 random bits) is what grants access, as
 OpenAI's signed links do: a browser's <img> or a chat app fetches it without a key."""
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ class ImageLinks:
             self._drop_old()
         return LINK_PREFIX + name
 
-    def get(self, path: str) -> RawReply:
-        name = path.removeprefix(LINK_PREFIX)
+    def get(self, name: str) -> RawReply:
         with self._lock:
             self._drop_old()
             found = self._kept.get(name)

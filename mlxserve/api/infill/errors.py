@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxserve.api.errors import ErrorReply
+from mlxserve.api.errors import ErrorReply, Errors, ErrorShape
 from mlxserve.api.openai.errors import STATUS
 from mlxserve.protocol.errors import ServiceError
 
@@ -14,3 +14,6 @@ def error_body(error: ServiceError) -> dict:
 
 def error_reply(error: ServiceError) -> ErrorReply:
     return ErrorReply(STATUS[error.kind][0], error_body(error), error)
+
+
+ERRORS = Errors(ErrorShape("LlamaCppError", error_reply))

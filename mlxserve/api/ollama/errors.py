@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxserve.api.errors import ErrorReply
+from mlxserve.api.errors import ErrorReply, Errors, ErrorShape
 from mlxserve.protocol.errors import ErrorKind, ServiceError
 
 # Ollama answers a full queue with a 503, and has no 529: overloaded is a 503 here.
@@ -35,3 +35,6 @@ def error_body(error: ServiceError) -> dict:
 
 def error_reply(error: ServiceError) -> ErrorReply:
     return ErrorReply(STATUS[error.kind], error_body(error), error)
+
+
+ERRORS = Errors(ErrorShape("OllamaError", error_reply))

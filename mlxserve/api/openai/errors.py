@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxserve.api.errors import ErrorReply
+from mlxserve.api.errors import ErrorReply, Errors, ErrorShape
 from mlxserve.protocol.errors import ErrorKind, ServiceError
 
 # kind -> (status, type)
@@ -34,3 +34,6 @@ def error_body(error: ServiceError) -> dict:
 
 def error_reply(error: ServiceError) -> ErrorReply:
     return ErrorReply(STATUS[error.kind][0], error_body(error), error)
+
+
+ERRORS = Errors(ErrorShape("OpenAIError", error_reply))

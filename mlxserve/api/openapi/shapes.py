@@ -40,6 +40,29 @@ def ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+JSON, SSE, TEXT = "application/json", "text/event-stream", "text/plain"
+NDJSON = "application/x-ndjson"
+
+
+def stream(whole: Schema) -> dict[str, Schema]:
+    """A reply whole, or as server-sent events when the request asks to stream."""
+    return {JSON: whole, SSE: SSE_EVENT}
+
+
+def either(*shapes: Schema) -> Schema:
+    """A reply in one of several shapes (by the dialect the request asks for)."""
+    return {"anyOf": list(shapes)}
+
+
+def lines(whole: Schema) -> dict[str, Schema]:
+    """Ollama's: NDJSON lines unless the request says `stream: false` (then whole)."""
+    return {JSON: whole, NDJSON: STRING}
+
+
+def binary(content_type: str) -> Schema:
+    return {"type": "string", "contentMediaType": content_type}
+
+
 # Errors ----------------------------------------------------------------------------------
 
 OPENAI_ERROR = obj(

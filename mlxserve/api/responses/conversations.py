@@ -13,7 +13,6 @@ from pydantic import Field
 
 from mlxserve.api.batches.owners import new_owner, visible
 from mlxserve.api.batches.query import Query
-from mlxserve.api.methods import Reply, answer_with
 from mlxserve.api.responses.conversation import CompactionTrigger, InputItem, OtherItem
 from mlxserve.api.responses.items import kept, substituted
 from mlxserve.api.responses.requests import INCLUDABLE, Metadata
@@ -21,7 +20,6 @@ from mlxserve.api.wire import Strict, parse
 from mlxserve.conversations.store import ConversationRecord, ConversationStore
 from mlxserve.protocol.errors import bad_request, not_found
 
-ROOT = "/conversations"
 MAX_ITEMS = 20  # items per create or add request, as OpenAI bounds them
 
 # (input item models, their param) -> the index of each reference -> the stored item
@@ -41,60 +39,10 @@ class AddItems(Strict):
     items: Annotated[list[InputItem], Field(min_length=1, max_length=MAX_ITEMS)]
 
 
-def is_conversation_path(path: str) -> bool:
-    bare = path.removeprefix("/v1")
-    return bare == ROOT or bare.startswith(ROOT + "/")
-
-
-def label(path: str) -> str:
-    """The path as a metrics label (ids left out: labels stay bounded)."""
-    parts = _parts(path)
-    if len(parts) > 3 or parts[1:2] not in ([], ["items"]):
-        return "other"
-    return (
-        "/v1" + ROOT + "".join(f"/{name}" for name in ("{id}", "items", "{item_id}")[: len(parts)])
-    )
-
-
-def _parts(path: str) -> list[str]:
-    """The segments after /conversations."""
-    rest = path.removeprefix("/v1").removeprefix(ROOT).strip("/")
-    return rest.split("/") if rest else []
-
-
 @dataclass
 class ConversationEndpoints:
     store: ConversationStore
     resolve: Resolver  # item references -> the stored items (the Responses API's)
-
-    def answer(self, method: str, path: str, query: str, body: Callable[[], bytes]) -> Reply:
-        """The reply to a conversation path; `body` reads the request's body."""
-        return answer_with(method, path, self.routes(_parts(path), query, body))
-
-    def routes(
-        self, parts: list[str], query: str, body: Callable[[], bytes]
-    ) -> dict[str, Callable[[], Reply]]:
-        """The methods a path (its segments after /conversations) answers, each with its
-        endpoint call."""
-        if not parts:
-            return {"POST": lambda: self.create(body())}
-        if len(parts) == 1:
-            return {
-                "GET": lambda: self.retrieve(parts[0]),
-                "POST": lambda: self.update(parts[0], body()),
-                "DELETE": lambda: self.delete(parts[0]),
-            }
-        if parts[1:] == ["items"]:
-            return {
-                "GET": lambda: self.list_items(parts[0], Query(query)),
-                "POST": lambda: self.add_items(parts[0], body(), Query(query)),
-            }
-        if len(parts) == 3 and parts[1] == "items":
-            return {
-                "GET": lambda: self.item(parts[0], parts[2]),
-                "DELETE": lambda: self.delete_item(parts[0], parts[2]),
-            }
-        return {}
 
     def create(self, raw: bytes) -> dict:
         wire = parse(CreateConversation, raw)
