@@ -122,6 +122,17 @@ class NDJSONWriter(ChunkedWriter):
         self._write(json.dumps(payload, ensure_ascii=False) + "\n")
 
 
+def keepalive(
+    sink: EventSink | None, seconds: float, ping: Callable[[], None] | None = None
+) -> Callable[[], None]:
+    """What a run calls while nothing arrives (`GenerationRun.steps`): the dialect's `ping`
+    (a `: keepalive` comment if none) once the stream was silent for `seconds`
+    (--keepalive-seconds); nothing for a whole reply (no sink)."""
+    if sink is None:
+        return lambda: None
+    return sink.keepalive(seconds, ping or (lambda: sink.comment("keepalive")))
+
+
 def stream_failure(sse: EventSink | ChunkedWriter, error: Exception) -> ServiceError:
     """The error a begun stream ends with, in the dialect's error event: a bug is one too
     (a stream cut short without its last event looks like a network fault). Before the

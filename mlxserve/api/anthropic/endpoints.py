@@ -15,7 +15,7 @@ from mlxserve.api.anthropic.requests import (
 )
 from mlxserve.api.anthropic.responses import MessageFormat, MessageStream
 from mlxserve.api.responder import Responder
-from mlxserve.api.sse import SSEWriter, stream_failure
+from mlxserve.api.sse import SSEWriter, keepalive, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol import request as neutral
@@ -57,12 +57,12 @@ class AnthropicEndpoints:
             return fmt.message(run.collect()[0], run.usage)
         sse = SSEWriter(responder)
         stream = MessageStream(sse, fmt, len(prepared.prompts[0]))
-        keepalive = sse.keepalive(self.service.config.keepalive_seconds, stream.ping)
+        pings = keepalive(sse, self.service.config.keepalive_seconds, stream.ping)
         try:
-            for step in run.steps(keepalive):
+            for step in run.steps(pings):
                 stream.step(step, run.usage)
                 if omitted and not step.finished:  # hidden thinking writes nothing meanwhile
-                    keepalive()
+                    pings()
         except Exception as e:
             stream.error(stream_failure(sse, e))
         sse.close()
@@ -126,9 +126,9 @@ class AnthropicEndpoints:
     def _round(self, run, stream: MessageStream | None, before: Usage, sse) -> Choice:
         if stream is None:
             return run.collect()[0]
-        keepalive = sse.keepalive(self.service.config.keepalive_seconds, stream.ping)
+        pings = keepalive(sse, self.service.config.keepalive_seconds, stream.ping)
         choice = None
-        for step in run.steps(keepalive):
+        for step in run.steps(pings):
             stream.step(step, before + run.usage)
             choice = step.choice
         assert choice is not None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from mlxserve.api.infill.errors import error_body
 from mlxserve.api.infill.requests import InfillRequest, infill_request
 from mlxserve.api.responder import Responder
-from mlxserve.api.sse import SSEWriter, stream_failure
+from mlxserve.api.sse import SSEWriter, keepalive, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.postprocess.events import Content
 from mlxserve.protocol.request import Sampling
@@ -76,15 +76,11 @@ class InfillEndpoints:
         middle = Middle(wire.n_indent, wire.t_max_predict_ms)
         run = self.service.run(prepared, responder.client_gone)
         sse = SSEWriter(responder) if wire.stream else None
-        keepalive = (
-            sse.keepalive(self.service.config.keepalive_seconds, lambda: sse.comment("keepalive"))
-            if sse is not None
-            else lambda: None
-        )
+        pings = keepalive(sse, self.service.config.keepalive_seconds)
         cut = False
         stopping_word = ""
         try:
-            for step in run.steps(keepalive):
+            for step in run.steps(pings):
                 if not cut:
                     pieces = "".join(e.text for e in step.events if isinstance(e, Content))
                     sent, cut = middle.take(pieces)

@@ -18,7 +18,7 @@ from mlxserve.api.openai.requests import (
 )
 from mlxserve.api.openai.responses import ChatFormat, CompletionFormat
 from mlxserve.api.responder import Responder
-from mlxserve.api.sse import SSEWriter, stream_failure
+from mlxserve.api.sse import SSEWriter, keepalive, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.protocol.errors import ErrorKind, ServiceError, not_found
 from mlxserve.service.adapters import free_adapter, load_adapter, remove_adapter
@@ -153,12 +153,10 @@ class OpenAIEndpoints:
         if not stream:
             return fmt.response(run.collect(), run.usage)
         sse = SSEWriter(responder)
-        keepalive = sse.keepalive(
-            self.service.config.keepalive_seconds, lambda: sse.comment("keepalive")
-        )
+        pings = keepalive(sse, self.service.config.keepalive_seconds)
         started: set[int] = set()
         try:
-            for step in run.steps(keepalive):
+            for step in run.steps(pings):
                 _send(sse, fmt, step, started)
         except Exception as e:
             sse.event(error_body(stream_failure(sse, e)))

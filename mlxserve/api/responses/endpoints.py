@@ -34,7 +34,7 @@ from mlxserve.api.responses.requests import (
     chat_request,
 )
 from mlxserve.api.responses.store import ResponseStore, StoredResponse
-from mlxserve.api.sse import EventSink, SSEWriter, stream_failure
+from mlxserve.api.sse import EventSink, SSEWriter, keepalive, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.conversations.store import ConversationStore
 from mlxserve.mcp.hub import McpHub
@@ -157,14 +157,10 @@ class ResponsesEndpoints:
         fmt = self._builder(wire, None)
         run = self.service.run(prepared, client_gone)
         stream = ResponseStream(sse, fmt) if sse is not None else None
-        keepalive_seconds = self.service.config.keepalive_seconds
-        keepalive = (
-            sse.keepalive(keepalive_seconds, stream.keepalive)
-            if sse is not None and stream is not None
-            else lambda: None
-        )
+        seconds = self.service.config.keepalive_seconds
+        pings = keepalive(sse, seconds, stream.keepalive if stream is not None else None)
         try:
-            finished = [step.choice for step in run.steps(keepalive) if step.finished]
+            finished = [step.choice for step in run.steps(pings) if step.finished]
         except Exception as e:
             if stream is None or sse is None:
                 raise
@@ -215,11 +211,8 @@ class ResponsesEndpoints:
         fmt = self._builder(wire, None, mcp)
         fmt.earlier += [mcp.run(item) for item in approved]
         stream = ResponseStream(sink, fmt) if sink is not None else None
-        keepalive = (
-            sink.keepalive(self.service.config.keepalive_seconds, stream.keepalive)
-            if sink is not None and stream is not None
-            else lambda: None
-        )
+        seconds = self.service.config.keepalive_seconds
+        pings = keepalive(sink, seconds, stream.keepalive if stream is not None else None)
         usage, calls, choice = Usage(), 0, None
         try:
             if stream is not None:
@@ -230,7 +223,7 @@ class ResponsesEndpoints:
                 prepared = self.service.prepare_chat(chat, REASONING_FORMAT)
                 fmt.texts = prepared.texts if wire.logprobs is not None else None
                 run = self.service.run(prepared, client_gone)
-                choice, response = self._round(run, fmt, stream, usage, keepalive)
+                choice, response = self._round(run, fmt, stream, usage, pings)
                 usage += run.usage
                 if response is not None:
                     break
@@ -271,12 +264,12 @@ class ResponsesEndpoints:
         fmt: ResponseBuilder,
         stream: ResponseStream | None,
         before: Usage,
-        keepalive: Callable[[], None],
+        pings: Callable[[], None],
     ) -> tuple[Choice, dict | None]:
         """One round's generation, streamed where asked; its final choice, and the
         response where the round ends the turn (None where its MCP calls run next)."""
         choice, response = None, None
-        for step in run.steps(keepalive):
+        for step in run.steps(pings):
             fmt.place_logprobs(step)
             choice = step.choice
             if stream is not None:
@@ -372,10 +365,10 @@ class ResponsesEndpoints:
         """Stream the response; it is stored before the stream ends, so a client that
         has read the last event finds it stored."""
         stream = ResponseStream(sse, fmt)
-        keepalive = sse.keepalive(self.service.config.keepalive_seconds, stream.keepalive)
+        pings = keepalive(sse, self.service.config.keepalive_seconds, stream.keepalive)
         response, choice = None, None
         try:
-            for step in run.steps(keepalive):
+            for step in run.steps(pings):
                 choice = step.choice
                 response = stream.step(step, run.usage) or response
         except Exception as e:
