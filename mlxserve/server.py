@@ -33,10 +33,10 @@ from mlxserve.engine.lockstep import Lockstep
 from mlxserve.engine.memory import CACHE_LIMIT_SHARE, device_memory
 from mlxserve.engine.prompt_cache import PromptCache
 from mlxserve.engine.worker import GenerationWorker
-from mlxserve.kinds import register_all
 from mlxserve.models.demo import cache_root
 from mlxserve.models.provider import ModelProvider, resolve_model_path
 from mlxserve.protocol.errors import ServiceError
+from mlxserve.registration import register_all
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.metrics import Metrics
 from mlxserve.units import GB, format_bytes

@@ -134,10 +134,10 @@ def generate_alone(family: Family, bodies: list[dict]) -> list[tuple]:
     from mlxserve.api.openai.requests import ChatRequest, chat_request
     from mlxserve.api.wire import validate
     from mlxserve.chat.images import ImageLimits
-    from mlxserve.chat.vision import VisionChat, render_vision_chat
+    from mlxserve.chat.vision_prompt import VisionChat, render_vision_chat
     from mlxserve.config import ServerConfig
     from mlxserve.models.tokenizer import load_text_tokenizer
-    from mlxserve.models.vision import load_vision_processor
+    from mlxserve.models.vision_loader import load_vision_processor
 
     tokenizer = load_text_tokenizer(family.model, False)
     processor = load_vision_processor(family.model, False)

@@ -14,7 +14,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxserve.kinds import register_all
 from mlxserve.models.capabilities import (
     PIPELINE_INDEX,
     is_model_folder,
@@ -25,6 +24,7 @@ from mlxserve.models.capabilities import (
 )
 from mlxserve.models.kinds import KINDS
 from mlxserve.models.provider import cached_hub_models, converted_root
+from mlxserve.registration import register_all
 from mlxserve.units import format_bytes
 
 # What MLX serving reads from a repo: weights, configs, tokenizers, chat templates, code

@@ -1,7 +1,7 @@
 """The kinds of model the server serves, in one registry: how a folder of each kind is
 recognised (from its config.json, no weights read), how it is loaded, and how requests
 reach it. A new kind is a new entry, registered by the package that serves it (see
-mlxserve/kinds.py); models/ imports none of those packages."""
+mlxserve/registration.py); models/ imports none of those packages."""
 
 from __future__ import annotations
 

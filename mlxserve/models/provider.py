@@ -36,7 +36,7 @@ from mlxserve.models.chunked_attention import batch_chunked_attention
 from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
 from mlxserve.models.kinds import KINDS, LoadRequest, ModelKind
 from mlxserve.models.tokenizer import load_text_tokenizer
-from mlxserve.models.vision import load_vision_model, load_vision_processor
+from mlxserve.models.vision_loader import load_vision_model, load_vision_processor
 from mlxserve.mtp.dflash import DFlashDrafter, DFlashUnsupported
 from mlxserve.mtp.eagle3 import Eagle3Drafter, drafter_kind
 from mlxserve.mtp.load import load_head

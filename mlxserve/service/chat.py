@@ -11,7 +11,7 @@ from typing import Any
 from mlxserve.chat.images import ImageLimits
 from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
 from mlxserve.chat.tool_prompt import injects_tools
-from mlxserve.chat.vision import VisionChat, render_vision_chat
+from mlxserve.chat.vision_prompt import VisionChat, render_vision_chat
 from mlxserve.config import ServerConfig
 from mlxserve.engine.jobs import PromptImages
 from mlxserve.engine.reasoning_budget import ReasoningBudget

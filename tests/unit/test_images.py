@@ -10,7 +10,7 @@ from conversations import data_uri, square_png
 from PIL import Image
 
 from mlxserve.chat.images import ImageLimits, LoadedImage, downscale, load_image
-from mlxserve.chat.vision import cache_tokens, media_spans
+from mlxserve.chat.vision_prompt import cache_tokens, media_spans
 from mlxserve.config import ServerConfig
 from mlxserve.engine.jobs import PromptImages
 from mlxserve.protocol.errors import ErrorKind, ServiceError

@@ -4,7 +4,7 @@ packages that serve them): the server and the command line's model commands call
 
 from __future__ import annotations
 
-from mlxserve.audio.kinds import SPEECH, TRANSCRIPTION
+from mlxserve.audio.kind import SPEECH, TRANSCRIPTION
 from mlxserve.images.kind import IMAGE
 from mlxserve.models.kinds import KINDS
 from mlxserve.rerank.kind import RERANK
