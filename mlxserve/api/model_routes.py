@@ -24,7 +24,7 @@ ANTHROPIC_PAGE = {
 
 def models(endpoints: OpenAIEndpoints, call: Call) -> dict:
     if speaks_anthropic(call.headers):
-        return model_page(endpoints.service.models(), call.query)
+        return model_page(endpoints.service.models.entries(), call.query)
     return endpoints.models()
 
 

@@ -31,31 +31,18 @@ class StatusEndpoint:
     mcp: McpHub
 
     def status(self) -> dict:
-        worker, provider = self.service.worker, self.service.provider
-        in_memory = {m.spec: m.nbytes for m in provider.resident}
-        models = [
-            {**entry, "memory_bytes": in_memory.get(spec, 0)}
-            for entry, spec in (
-                (provider.model_entry(name, spec), spec) for name, spec in provider.listed().items()
-            )
-        ] + [provider.adapter_entry(adapter) for adapter in provider.adapters.all()]
         caller = current_caller()
-        models = [m for m in models if caller.allows(m["id"], m.get("base"))]
         warning = exposure_warning(self.service.config.host, self.keys.required)
+        load = self.service.models.load_now()
         return {
             "object": "status",
             "warnings": [warning] if warning else [],
-            "default_model": next(iter(provider.served)),
-            "requests": {"running": worker.running, "waiting": worker.waiting},
+            "default_model": load.default_model,
+            "requests": {"running": load.running, "waiting": load.waiting},
             "websockets": len(self.sockets),
             "tokens_per_second": self.activity.tokens_per_second(),
-            "memory": {
-                "budget_bytes": worker.memory_budget,
-                "weights_bytes": provider.weight_bytes(),
-                "kv_cache_bytes": worker.kv_bytes,
-                "prompt_cache_bytes": worker.prompt_cache.nbytes,
-            },
-            "models": models,
+            "memory": load.memory,
+            "models": load.models,
             "recent": [
                 r for r in self.activity.recent() if caller.admin or r["key"] == caller.name
             ],

@@ -3,7 +3,6 @@ settings, the grammar, and each choice's output pipeline, the same for every dia
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,7 +16,6 @@ from mlxserve.engine.jobs import PromptImages
 from mlxserve.engine.reasoning_budget import ReasoningBudget
 from mlxserve.engine.sampling import GenerationParams
 from mlxserve.engine.worker import GenerationWorker
-from mlxserve.keys.caller import current_caller, model_refused
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.models.tokenizer import longest_token
 from mlxserve.postprocess.output import (
@@ -28,7 +26,7 @@ from mlxserve.postprocess.output import (
     reasoning_markers,
 )
 from mlxserve.postprocess.reasoning import starts_in_reasoning
-from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, not_found, unavailable
+from mlxserve.protocol.errors import ContextLengthExceeded, bad_request, not_found
 from mlxserve.protocol.request import (
     ChatRequest,
     CompletionRequest,
@@ -46,6 +44,8 @@ from mlxserve.service.embeddings import (
 )
 from mlxserve.service.grammars import chat_grammar, completion_grammar
 from mlxserve.service.infill import infill_prompts
+from mlxserve.service.media import Media
+from mlxserve.service.models import ServedModels
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
@@ -80,6 +80,13 @@ class ChatService:
     provider: ModelProvider
     worker: GenerationWorker
     _system_ends: SystemEnds = field(default_factory=SystemEnds, init=False)
+    # the edge's door to what is not chat: the models, and the other models' work
+    models: ServedModels = field(init=False)
+    media: Media = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.models = ServedModels(self.provider, self.worker)
+        self.media = Media(self.worker, self.config.prefill_chunk)
 
     def prepare_chat(self, request: ChatRequest, reasoning_format: str | None = None) -> Prepared:
         """`reasoning_format` overrides --reasoning-format (a dialect with reasoning
@@ -167,79 +174,6 @@ class ChatService:
 
     def token_strings(self, spec: ModelSpec, tokens: list[int]) -> list[str]:
         return self.provider.tokenizer(spec).convert_ids_to_tokens(tokens)
-
-    def models(self) -> list[dict]:
-        """Every servable model (the --model ones first) with its capabilities, then the
-        adapters (with their base's)."""
-        provider, caller = self.provider, current_caller()
-        models = [
-            {**provider.model_entry(name, spec), "capabilities": self.capabilities(spec)}
-            for name, spec in provider.listed().items()
-            if caller.allows(name)
-        ]
-        return models + [
-            {
-                **provider.adapter_entry(adapter),
-                "capabilities": self.capabilities(provider.served[adapter.base]),
-            }
-            for adapter in provider.adapters.all()
-            if caller.allows(adapter.name, adapter.base)
-        ]
-
-    def model_entry(self, requested: str) -> dict:
-        """The /v1/models entry of the model (or adapter) a request's name stands for."""
-        provider = self.provider
-        adapter = provider.adapter(requested)
-        spec = provider.resolve(requested)
-        entry = (
-            provider.adapter_entry(adapter) if adapter else provider.model_entry(requested, spec)
-        )
-        return {**entry, "capabilities": self.capabilities(spec)}
-
-    def capabilities(self, spec: ModelSpec) -> dict:
-        """`tools`: every generative model takes them (injected into the prompt where its
-        template has none). `reasoning`: whether its replies carry reasoning, read from
-        its tokenizer; null for a model whose tokenizer has not been loaded yet."""
-        if not spec.generative:
-            return {"tools": False, "reasoning": False}
-        served = spec in self.provider.served.values()
-        provider = self.provider
-        tokenizer = provider.tokenizer(spec) if served else provider.loaded_tokenizer(spec)
-        if tokenizer is None:
-            return {"tools": True, "reasoning": None}
-        markup = chat_markup(
-            tokenizer,
-            reasoning_parser=self.provider.config_for(spec).reasoning_parser,
-            tool_parser=None,
-            tools_in_request=None,
-        )
-        return {"tools": True, "reasoning": reasoning_markers(markup) is not None}
-
-    def context_length(self, spec: ModelSpec) -> int | None:
-        return self.provider.context_length(spec)
-
-    # Residency as a request asks for it (Ollama's load, unload and keep_alive) ----------
-
-    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
-        """Keep `spec` resident this long once idle (math.inf: until unloaded; None: the
-        server's --idle-unload-seconds)."""
-        self.provider.keep_for(spec, seconds)
-
-    def ensure_loaded(self, spec: ModelSpec) -> int:
-        """Load `spec` now unless it is resident: the nanoseconds the load took."""
-        if self.is_resident(spec):
-            self.provider.touch(spec)
-            return 0
-        start = time.perf_counter_ns()
-        self.worker.call(lambda: self.worker.load(spec))
-        return time.perf_counter_ns() - start
-
-    def is_resident(self, spec: ModelSpec) -> bool:
-        return any(m.spec == spec for m in self.provider.resident)
-
-    def expire(self, spec: ModelSpec) -> bool:
-        """Unload `spec` now if nothing uses or pins it; whether it was."""
-        return self.worker.expire(spec)
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         spec, tokenizer = self.generator(request.model)
@@ -367,7 +301,7 @@ class ChatService:
                 param="model",
                 code="model_not_embedding",
             )
-        spec = self.resolve_kind(
+        spec = self.models.resolve_kind(
             request.model, "embedding", "it does not compute embeddings", "model_not_embedding"
         )
         tokenizer = self.provider.tokenizer(spec)
@@ -389,7 +323,7 @@ class ChatService:
     def generator(self, requested: str | None):
         """The spec and tokenizer of a model that generates (a 400 for an embedding
         model)."""
-        spec = self.resolve(requested)
+        spec = self.models.resolve(requested)
         if not spec.generative:
             raise bad_request(
                 f"The model '{requested}' is a {spec.kind} model; send it to "
@@ -425,34 +359,8 @@ class ChatService:
 
     def model(self, requested: str | None):
         """The spec and tokenizer of the model a request names (404 if not servable)."""
-        spec = self.resolve(requested)
+        spec = self.models.resolve(requested)
         return spec, self.provider.tokenizer(spec)
-
-    def resolve_kind(self, requested: str | None, kind: str, refusal: str, code: str) -> ModelSpec:
-        """The spec of the model a request names, which must be of `kind`: else a 400
-        that says what it is and `refusal` (what it does not do)."""
-        spec = self.resolve(requested)
-        if spec.kind != kind:
-            name = requested or self.provider.name(spec)
-            raise bad_request(
-                f"The model '{name}' is a {spec.kind} model; {refusal}.", "model", code
-            )
-        return spec
-
-    def resolve(self, requested: str | None) -> ModelSpec:
-        """The spec of the model a request names (404 if not servable, 403 if the
-        caller's key may not use it), noted in the request's record."""
-        if not self.worker.alive:
-            raise unavailable("The generation thread is not running.")
-        spec = self.provider.resolve(requested)
-        adapter = self.provider.adapter(requested)
-        base = self.provider.name(spec)
-        name = adapter.name if adapter is not None else base
-        if not current_caller().allows(requested, name, base):
-            raise model_refused(requested or name)
-        if (record := current_request()) is not None:
-            record.model = name
-        return spec
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
         """The request without its oldest turns (each up to a user message; system turns

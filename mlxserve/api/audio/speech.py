@@ -18,7 +18,6 @@ from mlxserve.api.responder import RawReply, Responder
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import Strict, parse
 from mlxserve.audio.codec import OUTPUT_FORMATS, encode
-from mlxserve.audio.service import synthesize
 from mlxserve.audio.speech import SpeechRequest
 from mlxserve.protocol.errors import ClientGone, bad_request
 from mlxserve.service.chat import ChatService
@@ -44,13 +43,13 @@ class SpeechEndpoints:
     def speech(self, raw: bytes, responder: Responder) -> RawReply | None:
         wire = parse(SpeechBody, raw)
         service = self.service
-        spec = service.resolve_kind(
+        spec = service.models.resolve_kind(
             wire.model, "speech", "it does not synthesise speech", "model_not_speech"
         )
         if not wire.input.strip():
             raise bad_request("input must hold text to speak.", "input")
         request = SpeechRequest(wire.model, wire.input.strip(), wire.voice, wire.speed)
-        rate, audio = synthesize(service.worker, spec, request, responder.client_gone)
+        rate, audio = service.media.synthesize(spec, request, responder.client_gone)
         encoded = encode(_metered(audio, rate), rate, wire.response_format)
         fmt = OUTPUT_FORMATS[wire.response_format]
         if wire.stream_format == "sse":

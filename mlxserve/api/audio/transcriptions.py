@@ -13,7 +13,6 @@ from mlxserve.api.openai.errors import error_body
 from mlxserve.api.responder import RawReply, Responder
 from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.audio.codec import decode
-from mlxserve.audio.service import transcribe
 from mlxserve.audio.transcription import (
     SAMPLE_RATE,
     Segment,
@@ -115,13 +114,13 @@ class TranscriptionEndpoints:
         form = read_form(
             parse_form(responder.header("Content-Type"), raw), task, service.config.max_audio_bytes
         )
-        spec = service.resolve_kind(
+        spec = service.models.resolve_kind(
             form.model, "transcription", "it does not transcribe speech", "model_not_transcription"
         )
         audio = decode(form.audio, SAMPLE_RATE)
         seconds = len(audio) / SAMPLE_RATE
         windows = _counted(
-            transcribe(service.worker, spec, audio, form.options, responder.client_gone), seconds
+            service.media.transcribe(spec, audio, form.options, responder.client_gone), seconds
         )
         if form.stream:
             _stream(responder, windows, seconds)

@@ -9,7 +9,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -22,9 +22,9 @@ from mlxserve.api.sse import SSEWriter, stream_failure
 from mlxserve.api.wire import Strict, parse
 from mlxserve.images.codec import OUTPUT_FORMATS, encode, mask_keep, open_image, source_pixels
 from mlxserve.images.render import PATCH, ImageJob, image_tokens
-from mlxserve.images.service import Rendered, Renders
+from mlxserve.images.service import Rendered
 from mlxserve.models.provider import ModelSpec
-from mlxserve.protocol.errors import ServiceError, bad_request
+from mlxserve.protocol.errors import bad_request
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.record import Metered, current_request
 
@@ -84,10 +84,6 @@ class GenerationBody(Strict):
 class ImageEndpoints:
     service: ChatService
     links: ImageLinks
-    renders: Renders = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.renders = Renders(self.service.worker)
 
     def generations(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(GenerationBody, raw)
@@ -138,19 +134,12 @@ class ImageEndpoints:
         """The model named; none named, or one of OpenAI's image models that this server
         does not have (dall-e-3, gpt-image-1: what LibreChat and older clients send), the
         first image model this server serves."""
-        if model is None or (model.startswith(OPENAI_IMAGE_MODELS) and not self._known(model)):
-            served = self.service.provider.served
-            model = next((name for name, spec in served.items() if spec.kind == "image"), model)
-        return self.service.resolve_kind(
+        models = self.service.models
+        if model is None or (model.startswith(OPENAI_IMAGE_MODELS) and not models.knows(model)):
+            model = models.first_of_kind("image") or model
+        return self.service.models.resolve_kind(
             model, "image", "it does not generate images", "model_not_image"
         )
-
-    def _known(self, model: str) -> bool:
-        try:
-            self.service.provider.resolve(model)
-        except ServiceError:
-            return False
-        return True
 
     def _answer(
         self,
@@ -163,7 +152,7 @@ class ImageEndpoints:
     ) -> dict | None:
         if options.stream:
             jobs = [_with_previews(job, options.partial_images) for job in jobs]
-        rendered = self.renders.render(spec, jobs, responder.client_gone)
+        rendered = self.service.media.render(spec, jobs, responder.client_gone)
         usage = _Usage(options, input_image_tokens)
         if options.stream:
             _stream(responder, rendered, usage, options, event)

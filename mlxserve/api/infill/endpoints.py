@@ -71,8 +71,8 @@ class InfillEndpoints:
     def infill(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(InfillRequest, raw)
         prepared = self.service.prepare_completion(infill_request(wire))
-        tokenizer = self.service.provider.tokenizer(prepared.spec)
-        model = wire.model or self.service.provider.alias
+        tokenizer = self.service.models.tokenizer(prepared.spec)
+        model = wire.model or self.service.models.alias
         middle = Middle(wire.n_indent, wire.t_max_predict_ms)
         run = self.service.run(prepared, responder.client_gone)
         sse = SSEWriter(responder) if wire.stream else None

@@ -90,17 +90,17 @@ class OllamaEndpoints:
         return {"models": models}
 
     def ps(self) -> dict:
-        provider = self.service.provider
+        models = self.service.models
         names = {entry.spec: entry.name for entry in reversed(self._listed()) if not entry.parent}
         now = datetime.now(timezone.utc)
         running = []
-        for loaded in provider.resident:
+        for loaded in models.resident:
             spec = loaded.spec
             if spec.kind not in KINDS:
                 continue
-            keep = provider.keep_time(spec)
-            left = FOREVER if keep is None else timedelta(seconds=keep - provider.idle_for(spec))
-            name = ollama_name(names.get(spec, provider.name(spec)))
+            keep = models.keep_time(spec)
+            left = FOREVER if keep is None else timedelta(seconds=keep - models.idle_for(spec))
+            name = ollama_name(names.get(spec, models.name(spec)))
             running.append(
                 {
                     "name": name,
@@ -110,7 +110,7 @@ class OllamaEndpoints:
                     "details": catalog.details(spec.path),
                     "expires_at": timestamp(now + max(left, timedelta(0))),
                     "size_vram": loaded.nbytes if has_accelerator() else 0,
-                    "context_length": self.service.context_length(spec) or 0,
+                    "context_length": models.context_length(spec) or 0,
                 }
             )
         return {"models": running}
@@ -122,7 +122,7 @@ class OllamaEndpoints:
         made = self.names.get(served_name(name))
         template = ""
         if spec.generative:
-            template = self.service.provider.tokenizer(spec).chat_template or ""
+            template = self.service.models.tokenizer(spec).chat_template or ""
         parameters = self._parameters((made.parameters or {}) if made else {})
         parent = ollama_name(made.base) if made else ""
         reply = {
@@ -131,7 +131,7 @@ class OllamaEndpoints:
             "parameters": parameters,
             "template": template,
             "details": {**catalog.details(path), "parent_model": parent},
-            "model_info": catalog.model_info(path, self.service.context_length(spec)),
+            "model_info": catalog.model_info(path, self.service.models.context_length(spec)),
             "capabilities": self._capabilities(spec),
             "modified_at": catalog.modified_at(path),
         }
@@ -237,7 +237,7 @@ class OllamaEndpoints:
             return None
         finally:
             if keep == 0:
-                self.service.expire(spec)
+                self.service.models.expire(spec)
         extra = clock.metrics(run.usage)
         if context is not None:
             extra["context"] = [*context, *reply.tokens]
@@ -252,15 +252,15 @@ class OllamaEndpoints:
         keep_alive 0 unload it (once nothing uses it)."""
         self._resident(spec, keep, load=keep != 0)
         if keep == 0:
-            self.service.expire(spec)
+            self.service.models.expire(spec)
             return shape.done("unload")
         return shape.done("load")
 
     def _resident(self, spec: ModelSpec, keep: float | None, load: bool = True) -> int:
         """The request's keep_alive noted (none: the server's default again), the model
         loaded first: the nanoseconds the load took."""
-        self.service.keep_alive(spec, keep)
-        return self.service.ensure_loaded(spec) if load else 0
+        self.service.models.keep_alive(spec, keep)
+        return self.service.models.ensure_loaded(spec) if load else 0
 
     # Embeddings -------------------------------------------------------------------------
 
@@ -283,7 +283,7 @@ class OllamaEndpoints:
             np.linalg.norm(found.vectors, axis=1, keepdims=True), 1e-12
         )
         if keep == 0:
-            self.service.expire(spec)
+            self.service.models.expire(spec)
         return {
             "model": wire.model,
             "embeddings": vectors.astype(float).tolist(),
@@ -302,7 +302,7 @@ class OllamaEndpoints:
         request = EmbeddingRequest(model=self._model(wire.model), inputs=(wire.prompt,))
         _, found = self.service.embed(request, responder.client_gone)
         if keep == 0:
-            self.service.expire(spec)
+            self.service.models.expire(spec)
         return {"embedding": found.vectors[0].astype(float).tolist()}
 
     def _embedding_spec(self, name: str) -> ModelSpec:
@@ -338,10 +338,8 @@ class OllamaEndpoints:
             self.names.remove(internal)
             return {}  # Ollama's has no body; its clients read the status only
         spec = self._spec(name)
-        if (
-            internal in self.service.provider.served
-            or spec in self.service.provider.served.values()
-        ):
+        served = self.service.models.served()
+        if internal in served or spec in served.values():
             raise ServiceError(
                 ErrorKind.CONFLICT,
                 f"model '{name}' is served by this server's --model; it cannot be deleted.",
@@ -394,20 +392,20 @@ class OllamaEndpoints:
     def _listed(self) -> list[Listed]:
         """Every model an Ollama client can use: the models, the adapters (on their
         base), and the names made by copy and create."""
-        provider = self.service.provider
+        models = self.service.models
         found = []
-        for entry in self.service.models():
+        for entry in models.entries():
             if entry["kind"] not in (*KINDS, "adapter"):
                 continue
-            spec = provider.resolve(entry["id"])
-            adapter = provider.adapter(entry["id"])
+            spec = models.spec_of(entry["id"])
+            adapter = models.adapter(entry["id"])
             if adapter is None:
                 found.append(Listed(entry["id"], spec, spec.path))
             else:
                 found.append(Listed(entry["id"], spec, adapter.path, ollama_name(adapter.base)))
         for name, made in self.names.all().items():
             try:
-                spec = provider.resolve(made.base)
+                spec = models.spec_of(made.base)
             except ServiceError:
                 continue  # its base is gone
             found.append(Listed(name, spec, spec.path, ollama_name(made.base)))
@@ -416,7 +414,7 @@ class OllamaEndpoints:
     def _spec(self, name: str, missing: str | None = None) -> ModelSpec:
         """The model a request names (NAME:latest is NAME), or Ollama's 404."""
         try:
-            return self.service.resolve(self._model(name))
+            return self.service.models.resolve(self._model(name))
         except ServiceError as e:
             if e.kind is ErrorKind.NOT_FOUND:
                 raise not_found(missing or f"model '{name}' not found") from e
@@ -438,9 +436,9 @@ class OllamaEndpoints:
     def _capabilities(self, spec: ModelSpec) -> list[str]:
         if not spec.generative:
             return ["embedding"] if spec.kind == "embedding" else []
-        tokenizer = self.service.provider.tokenizer(spec)
+        tokenizer = self.service.models.tokenizer(spec)
         found = ["completion", "tools"]
-        if self.service.capabilities(spec).get("reasoning"):
+        if self.service.models.capabilities(spec).get("reasoning"):
             found.append("thinking")
         if spec.vision:
             found.append("vision")

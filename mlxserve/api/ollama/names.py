@@ -147,7 +147,7 @@ class ModelNames:
         for model in local_models():
             if model.name != name:
                 continue
-            if service.is_resident(spec) and not service.expire(spec):
+            if service.models.is_resident(spec) and not service.models.expire(spec):
                 raise ServiceError(
                     ErrorKind.CONFLICT,
                     f"model '{name}' is in use; delete it once its requests end.",
@@ -187,8 +187,7 @@ def _made(row: tuple) -> MadeName:
 
 def _served_adapter(given: str, service: ChatService) -> str:
     """An adapter of create's `adapters`: a served adapter's name or folder."""
-    adapters = service.provider.adapters
-    found = adapters.get(given) or adapters.by_path(given)
+    found = service.models.find_adapter(given)
     if found is None:
         raise bad_request(
             f"No adapter '{given}' is served: load it first (--lora NAME=PATH, or POST "

@@ -67,7 +67,7 @@ class EmbeddingEndpoints:
                 {"object": "embedding", "index": i, "embedding": encode(vector)}
                 for i, vector in enumerate(result.vectors)
             ],
-            "model": wire.model or self.service.provider.name(spec),
+            "model": wire.model or self.service.models.name(spec),
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
         }
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from mlxserve.api.openai.errors import error_body
 from mlxserve.api.openai.requests import (
@@ -21,7 +20,6 @@ from mlxserve.api.responder import Responder
 from mlxserve.api.sse import SSEWriter, keepalive, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.protocol.errors import ErrorKind, ServiceError, not_found
-from mlxserve.service.adapters import free_adapter, load_adapter, remove_adapter
 from mlxserve.service.chat import ChatService, Prepared
 from mlxserve.service.run import Step
 
@@ -31,28 +29,19 @@ class OpenAIEndpoints:
     service: ChatService
 
     def health(self) -> tuple[int, dict]:
-        service = self.service
-        # Models may be unloaded when idle and load on demand: serving needs the thread.
-        if not service.worker.alive:
-            return 503, {"status": "unavailable"}
-        body: dict[str, Any] = {"status": "ok", "model": service.provider.alias}
-        cache = service.worker.prompt_cache
-        if cache.has_disk:
-            failure = cache.disk_failure
-            body["prompt_cache_disk"] = {"enabled": failure is None, "error": failure}
-        return 200, body
+        return self.service.models.health()
 
     def models(self) -> dict:
-        return {"object": "list", "data": self.service.models()}
+        return {"object": "list", "data": self.service.models.entries()}
 
     def model(self, model_id: str) -> dict:
         """Any name a request may use: a listed id, or an alias, `default`, a cached
         model or a folder a request may name (its entry, under the name asked for)."""
-        for entry in self.service.models():
+        for entry in self.service.models.entries():
             if entry["id"] == model_id:
                 return entry
         try:
-            self.service.resolve(model_id)
+            self.service.models.resolve(model_id)
         except ServiceError as e:
             # a model the caller's key may not use is not there for it, as in the list
             if e.kind not in (ErrorKind.NOT_FOUND, ErrorKind.FORBIDDEN):
@@ -60,85 +49,52 @@ class OpenAIEndpoints:
             raise not_found(
                 f"The model '{model_id}' does not exist.", param="model", code="model_not_found"
             ) from e
-        return {**self.service.model_entry(model_id), "id": model_id}
+        return {**self.service.models.entry(model_id), "id": model_id}
 
     def load_model(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/models/load: make a model (or an adapter) resident now."""
         name = parse(ModelRequest, raw).model
-        provider, worker = self.service.provider, self.service.worker
-        spec = provider.resolve(name)
-        adapter = provider.adapter(name)
-        if adapter is not None:
-            worker.call(lambda: worker.adapters.ready(spec, adapter.name))
-        else:
-            worker.call(lambda: worker.load(spec))
-        return self._state(name)
+        self.service.models.load(name)
+        return self.service.models.state(name)
 
     def unload_model(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/models/unload: free a model's (or an adapter's) memory now (a 409
         while it is busy)."""
         name = parse(ModelRequest, raw).model
-        provider, worker = self.service.provider, self.service.worker
-        spec = provider.resolve(name)
-        adapter = provider.adapter(name)
-        if adapter is not None:
-            free_adapter(provider, worker, adapter.name)
-        else:
-            worker.call(lambda: worker.unload(spec))
-        return self._state(name)
+        self.service.models.unload(name)
+        return self.service.models.state(name)
 
     def pin_model(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/models/pin: keep a model (or an adapter) resident, or let it go
         again, whatever --pin said."""
         wire = parse(PinRequest, raw)
-        provider = self.service.provider
-        adapter = provider.adapter(wire.model)
-        if adapter is not None:
-            provider.adapters.pin(adapter.name, wire.pinned)
-        else:
-            provider.pin(provider.resolve(wire.model), wire.pinned)
-        return self._state(wire.model)
+        self.service.models.pin(wire.model, wire.pinned)
+        return self.service.models.state(wire.model)
 
     def load_adapter(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/adapters/load: serve a new adapter, resident now (its /v1/models
         entry)."""
         wire = parse(AdapterLoad, raw)
-        load_adapter(self.service.provider, self.service.worker, wire.name, wire.path, wire.model)
+        self.service.models.add_adapter(wire.name, wire.path, wire.model)
         return self.model(wire.name)
 
     def unload_adapter(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/adapters/unload: stop serving an adapter."""
         name = parse(AdapterUnload, raw).name
-        remove_adapter(self.service.provider, self.service.worker, name)
+        self.service.models.remove_adapter(name)
         return {"id": name, "object": "model", "deleted": True}
-
-    def _state(self, name: str) -> dict:
-        provider = self.service.provider
-        adapter = provider.adapter(name)
-        if adapter is not None:
-            entry = provider.adapter_entry(adapter)
-            return {
-                "id": name,
-                "object": "model",
-                "state": entry["state"],
-                "pinned": entry["pinned"],
-            }
-        spec = provider.resolve(name)
-        loaded = any(m.spec == spec for m in provider.resident)
-        state = "loaded" if loaded else "not-loaded"
-        return {"id": name, "object": "model", "state": state, "pinned": provider.pinned(spec)}
 
     def chat(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ChatRequest, raw)
         prepared = self.service.prepare_chat(chat_request(wire))
-        model = wire.model or self.service.provider.alias
+        model = wire.model or self.service.models.alias
         fmt = ChatFormat(model, prepared.texts, legacy_functions=wire.legacy_functions)
         return self._reply(prepared, fmt, wire.stream, wire.include_usage, responder)
 
     def completion(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(CompletionRequest, raw)
         prepared = self.service.prepare_completion(completion_request(wire))
-        fmt = CompletionFormat(wire.model or self.service.provider.alias, prepared.texts)
+        fmt = CompletionFormat(wire.model or self.service.models.alias, prepared.texts)
         return self._reply(prepared, fmt, wire.stream, wire.include_usage, responder)
 
     def _reply(

@@ -57,7 +57,7 @@ class TokenizeEndpoints:
     def _tokens(self, spec: ModelSpec, tokens: list[int], with_strings: bool) -> dict:
         body: dict[str, Any] = {
             "count": len(tokens),
-            "max_model_len": self.service.context_length(spec),
+            "max_model_len": self.service.models.context_length(spec),
             "tokens": tokens,
         }
         if with_strings:

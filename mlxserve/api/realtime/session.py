@@ -28,7 +28,6 @@ from mlxserve.api.realtime.wire import RATE, ItemBody, ResponseBody, SessionBody
 from mlxserve.api.websocket import ClosedSocket, WebSocket
 from mlxserve.api.wire import validate
 from mlxserve.audio.codec import pcm16_samples, resample
-from mlxserve.audio.service import transcribe
 from mlxserve.audio.transcription import SAMPLE_RATE, TranscriptionOptions
 from mlxserve.protocol.errors import ClientGone, ServiceError, bad_request
 from mlxserve.service.chat import ChatService
@@ -89,14 +88,14 @@ class RealtimeSession:
         query = parse_qs(urlsplit(self._socket.path).query)
         named = query.get("model")
         requested = named[0] if named else None
-        spec = self._service.resolve(requested)
+        spec = self._service.models.resolve(requested)
         if not spec.generative:  # chat and vision models (an adapter is its base's kind)
             raise bad_request(
                 f"The model '{requested}' is a {spec.kind} model; it cannot hold a conversation.",
                 "model",
                 "model_not_chat",
             )
-        name = self._service.provider.name(spec)
+        name = self._service.models.name(spec)
         return SessionSettings(requested or name, self._served("speech") is not None)
 
     def _left(self) -> bool:
@@ -115,7 +114,7 @@ class RealtimeSession:
         if named is not None:
             return named
         return next(
-            (name for name, spec in self._service.provider.listed().items() if spec.kind == kind),
+            (name for name, spec in self._service.models.listed().items() if spec.kind == kind),
             None,
         )
 
@@ -339,11 +338,11 @@ class RealtimeSession:
         if "audio" in modalities:
             name = self._served("speech")
             assert name is not None  # check_modalities
-            spec = self._service.resolve_kind(
+            spec = self._service.models.resolve_kind(
                 name, "speech", "it does not synthesise speech", "model_not_speech"
             )
             voice = Voice(
-                self._service.worker,
+                self._service.media,
                 spec,
                 name,
                 (output.voice if output and output.voice else None) or settings.voice,
@@ -384,7 +383,7 @@ class RealtimeSession:
                         None,
                         "no_transcription_model",
                     )
-                spec = self._service.resolve_kind(
+                spec = self._service.models.resolve_kind(
                     name,
                     "transcription",
                     "it does not transcribe speech",
@@ -396,7 +395,7 @@ class RealtimeSession:
                 )
                 audio = resample(samples, RATE, SAMPLE_RATE)
                 text = ""
-                for window in transcribe(self._service.worker, spec, audio, options, self._left):
+                for window in self._service.media.transcribe(spec, audio, options, self._left):
                     text += window.text
                     if wanted is not None and window.text:
                         self._send(

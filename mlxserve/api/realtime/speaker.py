@@ -12,10 +12,9 @@ import numpy as np
 
 from mlxserve.api.realtime.wire import RATE
 from mlxserve.audio.codec import Resampler
-from mlxserve.audio.service import synthesize
 from mlxserve.audio.speech import SpeechRequest
-from mlxserve.engine.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
+from mlxserve.service.media import Media
 
 # A sentence ends at . ! ? ; : (then a space) or a line break.
 SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
@@ -31,7 +30,7 @@ CHUNK_SAMPLES = RATE // 5  # 200 ms an audio delta
 class Voice:
     """The speech model a session speaks with, and how."""
 
-    worker: GenerationWorker
+    media: Media
     spec: ModelSpec
     name: str  # the model's served name
     voice: str
@@ -70,7 +69,7 @@ def speak(voice: Voice, text: str, gone: Callable[[], bool]) -> Iterator[np.ndar
     if not any(c.isalnum() for c in text):
         return
     request = SpeechRequest(voice.name, text.strip(), voice.voice, voice.speed)
-    rate, parts = synthesize(voice.worker, voice.spec, request, gone)
+    rate, parts = voice.media.synthesize(voice.spec, request, gone)
     resampler = Resampler(rate, RATE)
     for part in parts:
         yield from _pieces(resampler(part))

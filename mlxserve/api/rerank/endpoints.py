@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 from mlxserve.api.responder import Responder
 from mlxserve.api.wire import Strict, parse
 from mlxserve.protocol.errors import bad_request
-from mlxserve.rerank.service import RerankRequest, Scores, score
+from mlxserve.rerank.service import RerankRequest, Scores
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.record import current_request
 
@@ -116,13 +116,11 @@ class RerankEndpoints:
 
     def _score(self, request: RerankRequest, responder: Responder) -> tuple[str, Scores]:
         service = self.service
-        spec = service.resolve_kind(
+        spec = service.models.resolve_kind(
             request.model, "rerank", "it does not rerank", "model_not_reranker"
         )
-        name = request.model or service.provider.name(spec)
-        result = score(
-            service.worker, spec, request, service.config.prefill_chunk, responder.client_gone
-        )
+        name = request.model or service.models.name(spec)
+        result = service.media.score(spec, request, responder.client_gone)
         if (record := current_request()) is not None:
             record.add_usage(result.tokens, 0, 0)
         return name, result

@@ -119,7 +119,7 @@ class ResponsesEndpoints:
         history = self._history(wire, last)
         # refused here for what a turn would refuse (a model the key may not use, unknown
         # files, malformed items)
-        self.service.resolve(wire.model)
+        self.service.models.resolve(wire.model)
         self._chat(wire, history, warmup=True)
         fmt = self._builder(wire, None)
         response = fmt.response("completed", usage=Usage())
@@ -332,7 +332,7 @@ class ResponsesEndpoints:
         self, wire: ResponsesRequest, texts, mcp: McpTurn | None = None
     ) -> ResponseBuilder:
         return ResponseBuilder(
-            wire.model or self.service.provider.alias,
+            wire.model or self.service.models.alias,
             self._settings(wire),
             summary=wire.summary is not None,
             encrypted=wire.encrypted_reasoning,

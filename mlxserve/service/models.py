@@ -1,0 +1,308 @@
+"""The models as the edge asks about them: which a request may name (and its key use),
+their /v1/models entries, residency as a request or an operator asks for it (load,
+unload, pin, keep_alive), adapters served and dropped at run time, and health. With
+ChatService and Media, the edge's one door into the core: the generation thread is
+reached from here, never from an endpoint."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlxserve.adapters.registry import DeclaredAdapter
+from mlxserve.engine.worker import GenerationWorker
+from mlxserve.keys.caller import current_caller, model_refused
+from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
+from mlxserve.postprocess.output import chat_markup, reasoning_markers
+from mlxserve.protocol.errors import ServiceError, bad_request, not_found, unavailable
+from mlxserve.telemetry.record import current_request
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the server holds now, as the status page shows it."""
+
+    default_model: str
+    running: int  # sequences decoding
+    waiting: int  # accepted, not decoding yet
+    memory: dict[str, int | None]  # budget, weights, KV cache, prompt cache (bytes)
+    models: list[dict]  # the entries the caller may use, each with its memory
+
+
+@dataclass
+class ServedModels:
+    provider: ModelProvider
+    worker: GenerationWorker
+
+    # What a request may name -------------------------------------------------------------
+
+    def resolve(self, requested: str | None) -> ModelSpec:
+        """The spec of the model a request names (404 if not servable, 403 if the
+        caller's key may not use it), noted in the request's record."""
+        if not self.worker.alive:
+            raise unavailable("The generation thread is not running.")
+        spec = self.provider.resolve(requested)
+        adapter = self.provider.adapter(requested)
+        base = self.provider.name(spec)
+        name = adapter.name if adapter is not None else base
+        if not current_caller().allows(requested, name, base):
+            raise model_refused(requested or name)
+        if (record := current_request()) is not None:
+            record.model = name
+        return spec
+
+    def resolve_kind(self, requested: str | None, kind: str, refusal: str, code: str) -> ModelSpec:
+        """The spec of the model a request names, which must be of `kind`: else a 400
+        that says what it is and `refusal` (what it does not do)."""
+        spec = self.resolve(requested)
+        if spec.kind != kind:
+            name = requested or self.provider.name(spec)
+            raise bad_request(
+                f"The model '{name}' is a {spec.kind} model; {refusal}.", "model", code
+            )
+        return spec
+
+    def spec_of(self, name: str) -> ModelSpec:
+        """The spec a name stands for, whoever asks (a 404 if none)."""
+        return self.provider.resolve(name)
+
+    def knows(self, name: str) -> bool:
+        """Whether the name is a model this server can serve (whoever asks)."""
+        try:
+            self.provider.resolve(name)
+        except ServiceError:
+            return False
+        return True
+
+    @property
+    def alias(self) -> str:
+        """The name of the default model (the first --model, or its --alias)."""
+        return self.provider.alias
+
+    def name(self, spec: ModelSpec) -> str:
+        return self.provider.name(spec)
+
+    def served(self) -> dict[str, ModelSpec]:
+        """The --model ones, by name."""
+        return dict(self.provider.served)
+
+    def listed(self) -> dict[str, ModelSpec]:
+        """Every model /v1/models lists, by name."""
+        return self.provider.listed()
+
+    def first_of_kind(self, kind: str) -> str | None:
+        """The first --model of a kind (what a request naming none of its kind gets)."""
+        return next(
+            (name for name, spec in self.provider.served.items() if spec.kind == kind), None
+        )
+
+    def tokenizer(self, spec: ModelSpec) -> Any:
+        return self.provider.tokenizer(spec)
+
+    def context_length(self, spec: ModelSpec) -> int | None:
+        return self.provider.context_length(spec)
+
+    def adapter(self, requested: str | None) -> DeclaredAdapter | None:
+        """The served adapter a name stands for, if it stands for one."""
+        return self.provider.adapter(requested)
+
+    def find_adapter(self, given: str) -> DeclaredAdapter | None:
+        """A served adapter by its name or its folder."""
+        adapters = self.provider.adapters
+        return adapters.get(given) or adapters.by_path(given)
+
+    # The model list ------------------------------------------------------------------------
+
+    def entries(self) -> list[dict]:
+        """Every servable model the caller may use (the --model ones first) with its
+        capabilities, then the adapters (with their base's)."""
+        provider, caller = self.provider, current_caller()
+        models = [
+            {**provider.model_entry(name, spec), "capabilities": self.capabilities(spec)}
+            for name, spec in provider.listed().items()
+            if caller.allows(name)
+        ]
+        return models + [
+            {
+                **provider.adapter_entry(adapter),
+                "capabilities": self.capabilities(provider.served[adapter.base]),
+            }
+            for adapter in provider.adapters.all()
+            if caller.allows(adapter.name, adapter.base)
+        ]
+
+    def entry(self, requested: str) -> dict:
+        """The /v1/models entry of the model (or adapter) a request's name stands for."""
+        provider = self.provider
+        adapter = provider.adapter(requested)
+        spec = provider.resolve(requested)
+        entry = (
+            provider.adapter_entry(adapter) if adapter else provider.model_entry(requested, spec)
+        )
+        return {**entry, "capabilities": self.capabilities(spec)}
+
+    def capabilities(self, spec: ModelSpec) -> dict:
+        """`tools`: every generative model takes them (injected into the prompt where its
+        template has none). `reasoning`: whether its replies carry reasoning, read from
+        its tokenizer; null for a model whose tokenizer has not been loaded yet."""
+        if not spec.generative:
+            return {"tools": False, "reasoning": False}
+        provider = self.provider
+        served = spec in provider.served.values()
+        tokenizer = provider.tokenizer(spec) if served else provider.loaded_tokenizer(spec)
+        if tokenizer is None:
+            return {"tools": True, "reasoning": None}
+        markup = chat_markup(
+            tokenizer,
+            reasoning_parser=provider.config_for(spec).reasoning_parser,
+            tool_parser=None,
+            tools_in_request=None,
+        )
+        return {"tools": True, "reasoning": reasoning_markers(markup) is not None}
+
+    def state(self, name: str) -> dict:
+        """Whether a model (or an adapter) is resident now, and pinned."""
+        provider = self.provider
+        adapter = provider.adapter(name)
+        if adapter is not None:
+            entry = provider.adapter_entry(adapter)
+            return {
+                "id": name,
+                "object": "model",
+                "state": entry["state"],
+                "pinned": entry["pinned"],
+            }
+        spec = provider.resolve(name)
+        state = "loaded" if self.is_resident(spec) else "not-loaded"
+        return {"id": name, "object": "model", "state": state, "pinned": provider.pinned(spec)}
+
+    def load_now(self) -> Load:
+        provider, worker, caller = self.provider, self.worker, current_caller()
+        in_memory = {m.spec: m.nbytes for m in provider.resident}
+        models = [
+            {**provider.model_entry(name, spec), "memory_bytes": in_memory.get(spec, 0)}
+            for name, spec in provider.listed().items()
+        ] + [provider.adapter_entry(adapter) for adapter in provider.adapters.all()]
+        memory = {
+            "budget_bytes": worker.memory_budget,
+            "weights_bytes": provider.weight_bytes(),
+            "kv_cache_bytes": worker.kv_bytes,
+            "prompt_cache_bytes": worker.prompt_cache.nbytes,
+        }
+        return Load(
+            next(iter(provider.served)),
+            worker.running,
+            worker.waiting,
+            memory,
+            [m for m in models if caller.allows(m["id"], m.get("base"))],
+        )
+
+    def health(self) -> tuple[int, dict]:
+        """GET /health: 503 while the generation thread is down (models may be unloaded
+        when idle and load on demand: serving needs the thread)."""
+        if not self.worker.alive:
+            return 503, {"status": "unavailable"}
+        body: dict[str, Any] = {"status": "ok", "model": self.provider.alias}
+        cache = self.worker.prompt_cache
+        if cache.has_disk:
+            failure = cache.disk_failure
+            body["prompt_cache_disk"] = {"enabled": failure is None, "error": failure}
+        return 200, body
+
+    # Residency as a request or an operator asks for it -------------------------------------
+
+    @property
+    def resident(self) -> list[LoadedModel]:
+        return self.provider.resident
+
+    def is_resident(self, spec: ModelSpec) -> bool:
+        return any(m.spec == spec for m in self.provider.resident)
+
+    def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
+        """Keep `spec` resident this long once idle (math.inf: until unloaded; None: the
+        server's --idle-unload-seconds)."""
+        self.provider.keep_for(spec, seconds)
+
+    def keep_time(self, spec: ModelSpec) -> float | None:
+        return self.provider.keep_time(spec)
+
+    def idle_for(self, spec: ModelSpec) -> float:
+        return self.provider.idle_for(spec)
+
+    def ensure_loaded(self, spec: ModelSpec) -> int:
+        """Load `spec` now unless it is resident: the nanoseconds the load took."""
+        if self.is_resident(spec):
+            self.provider.touch(spec)
+            return 0
+        start = time.perf_counter_ns()
+        self.worker.call(lambda: self.worker.load(spec))
+        return time.perf_counter_ns() - start
+
+    def expire(self, spec: ModelSpec) -> bool:
+        """Unload `spec` now if nothing uses or pins it; whether it was."""
+        return self.worker.expire(spec)
+
+    def load(self, name: str) -> None:
+        """Make a model (or an adapter) resident now."""
+        spec = self.provider.resolve(name)
+        adapter = self.provider.adapter(name)
+        worker = self.worker
+        if adapter is not None:
+            worker.call(lambda: worker.adapters.ready(spec, adapter.name))
+        else:
+            worker.call(lambda: worker.load(spec))
+
+    def unload(self, name: str) -> None:
+        """Free a model's (or an adapter's) memory now (a 409 while it is busy; an
+        adapter is read again when next asked for)."""
+        spec = self.provider.resolve(name)
+        adapter = self.provider.adapter(name)
+        worker = self.worker
+        if adapter is not None:
+            worker.call(lambda: worker.adapters.unload(spec, adapter.name))
+        else:
+            worker.call(lambda: worker.unload(spec))
+
+    def pin(self, name: str, pinned: bool) -> None:
+        """Keep a model (or an adapter) resident, or let it go again, whatever --pin said."""
+        adapter = self.provider.adapter(name)
+        if adapter is not None:
+            self.provider.adapters.pin(adapter.name, pinned)
+        else:
+            self.provider.pin(self.provider.resolve(name), pinned)
+
+    # Adapters served at run time -------------------------------------------------------------
+
+    def add_adapter(self, name: str, path: str, model: str | None) -> None:
+        """Serve the folder `path` as the adapter `name` on `model`, resident now (its
+        folder read and fitted to its base first: a broken or mismatched one is a 400
+        naming `path`, and nothing is kept)."""
+        provider, worker = self.provider, self.worker
+        known = provider.adapters.get(name) is not None
+        declared = provider.declare_adapter(name, path, model)
+        spec = provider.served[declared.base]
+        try:
+            worker.call(lambda: worker.adapters.ready(spec, name))
+        except ServiceError as e:
+            if not known:
+                provider.adapters.forget(name)
+            if e.code == "adapter_invalid":  # its folder: the body's `path`
+                raise ServiceError(e.kind, e.message, "path", e.code) from e
+            raise
+
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving an adapter (its memory set free); a 409 while requests use it."""
+        provider, worker = self.provider, self.worker
+        adapter = provider.adapters.get(name)
+        if adapter is None:
+            raise not_found(
+                f"No adapter '{name}' is served.", param="name", code="adapter_not_found"
+            )
+        spec = provider.served[adapter.base]
+
+        def remove() -> None:  # on the generation thread: no request is admitted meanwhile
+            worker.adapters.unload(spec, name)
+            provider.adapters.forget(name)
+
+        worker.call(remove)

@@ -1,0 +1,56 @@
+"""The house's layering, read from the source: the edge (mlxserve/api) talks to the core
+through its door (ChatService, ServedModels, Media) only, and nothing below the edge
+imports it (server.py puts the two together)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import mlxserve
+
+PACKAGE = Path(mlxserve.__file__).parent
+EDGE = PACKAGE / "api"
+# Behind the door: the generation thread, the model loader, the drafters' engine.
+BEHIND_THE_DOOR = ("mlxserve.engine", "mlxserve.mtp", "mlxserve.drafters")
+HIDDEN_NAMES = {"ModelProvider", "GenerationWorker"}
+HIDDEN_ATTRIBUTES = {"worker", "provider"}
+
+
+def modules(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.py"))
+
+
+def imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def test_the_edge_reaches_the_core_through_its_door_only():
+    breaches = []
+    for path in modules(EDGE):
+        tree = ast.parse(path.read_text(), str(path))
+        where = path.relative_to(PACKAGE.parent)
+        for module, names in imports(tree):
+            if module.startswith(BEHIND_THE_DOOR) or HIDDEN_NAMES & set(names):
+                breaches.append(f"{where}: imports {module} {names}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in HIDDEN_ATTRIBUTES:
+                breaches.append(f"{where}:{node.lineno}: .{node.attr}")
+    assert breaches == []
+
+
+def test_nothing_below_the_edge_imports_it():
+    breaches = [
+        f"{path.relative_to(PACKAGE.parent)}: imports {module}"
+        for path in modules(PACKAGE)
+        if EDGE not in path.parents and path.name != "server.py"
+        for module, _ in imports(ast.parse(path.read_text(), str(path)))
+        if module.startswith("mlxserve.api")
+    ]
+    assert breaches == []
