@@ -5,7 +5,7 @@ or mismatched folder is a 400 and nothing is kept), free one's memory, stop serv
 from __future__ import annotations
 
 from mlxserve.adapters.registry import DeclaredAdapter
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider
 from mlxserve.protocol.errors import ServiceError, not_found
 

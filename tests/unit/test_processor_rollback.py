@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxserve.engine.draft_guide import DraftGuide
-from mlxserve.engine.reasoning_budget import ReasoningBudget
+from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
+from mlxserve.engine.speculation.draft_guide import DraftGuide
 from mlxserve.structured import lark
 from mlxserve.structured.matcher import Grammar
 

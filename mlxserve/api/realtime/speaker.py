@@ -14,7 +14,7 @@ from mlxserve.api.realtime.wire import RATE
 from mlxserve.audio.codec import Resampler
 from mlxserve.audio.service import synthesize
 from mlxserve.audio.speech import SpeechRequest
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
 
 # A sentence ends at . ! ? ; : (then a space) or a line break.
