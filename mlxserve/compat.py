@@ -202,7 +202,7 @@ def copied(items: Any) -> tuple:
 
 def register_cache_class(cls: type) -> None:
     """mlx-lm's `load_prompt_cache` finds each cache's class by name among its module's
-    names: a cache class of ours (engine/continuous/vision_rows.py's RopeDeltas) is added there, so
+    names: a cache class of ours (engine/continuous/vision_model.py's RopeDeltas) is added there, so
     the disk tier reads it back."""
     import mlx_lm.models.cache
 

@@ -5,7 +5,8 @@ which adapter each row of the pass uses and routes the adapted layers accordingl
 
 A row's entry in the prompt cache holds the slot it had; a row taken from the cache
 gets its job's slot again (`with_slot`), since entries are keyed by adapter anyway and
-slots are only this process's numbering.
+slots are only this process's numbering. `AdapterFeature` is what the batch asks of them
+(a `row_feature.RowFeature`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxserve.adapters.layers import BASE, ModelAdapters
+from mlxserve.adapters.layers import BASE, ModelAdapters, Resident
 from mlxserve.compat import register_cache_class
+from mlxserve.engine.caches.prompt_cache import CacheHit
 from mlxserve.engine.continuous.row_entry import RowEntry
+from mlxserve.engine.continuous.row_feature import RowFeature
+from mlxserve.engine.generation.jobs import GenerationJob
+from mlxserve.protocol.errors import bad_request
 from mlxserve.values import ints
 
 # Added to a model's prompt-cache key where its rows carry an AdapterRows entry: entries
@@ -99,3 +104,39 @@ class AdapterRowsModel:
 def with_slot(caches: list[Any], index: int, slot: int) -> list[Any]:
     """A row's caches with its adapter entry (at `index`) set to `slot`."""
     return [*caches[:index], AdapterRows([slot]), *caches[index + 1 :]]
+
+
+class AdapterFeature(RowFeature):
+    """The batch's rows of a text model that takes adapters, each under its own (or none):
+    the batch calls `model`, and a row's prompt-cache entries are its adapter's. Where
+    rows take none (`adapters` None: ranks in lockstep), a job naming one is refused."""
+
+    def __init__(self, model: Any, adapters: ModelAdapters | None, name: str):
+        """`model`: what the batch would call without adapters; `name`: the model's, for
+        errors."""
+        self.model: Any = AdapterRowsModel(model, adapters) if adapters is not None else model
+        self.key = ADAPTER_ROWS_KEY if adapters is not None else ""
+        self._adapters = adapters
+        self._name = name
+
+    def prompt_key(self, job: GenerationJob) -> str:
+        return "" if job.adapter is None else self._resident(job).cache_key
+
+    def fetched(self, job: GenerationJob, hit: CacheHit) -> None:
+        """The entry's slot may be another run's: the job's own."""
+        if self._adapters is not None:
+            slot = BASE if job.adapter is None else self._resident(job).slot
+            hit.cache = with_slot(hit.cache, self.model.index, slot)
+
+    def _resident(self, job: GenerationJob) -> Resident:
+        """The adapter a job's rows use (residency.py made it resident before the job was
+        admitted)."""
+        assert job.adapter is not None
+        resident = self._adapters.get(job.adapter) if self._adapters is not None else None
+        if resident is None:
+            raise bad_request(
+                f"The adapter '{job.adapter}' is not loaded on {self._name}.",
+                param="model",
+                code="adapter_not_loaded",
+            )
+        return resident

@@ -1,7 +1,7 @@
 """A value per batch row that travels as one more cache entry: mlx-lm's batch merges,
 filters, extends and extracts it with the row's attention caches, and the prompt cache
 and disk tier keep it with them. It holds no positions, so trimming changes nothing.
-Subclasses say what the value is (vision_rows.RopeDeltas, adapter_rows.AdapterRows)."""
+Subclasses say what the value is (vision_model.RopeDeltas, adapter_rows.AdapterRows)."""
 
 from __future__ import annotations
 

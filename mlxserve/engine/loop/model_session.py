@@ -15,8 +15,8 @@ from mlxserve.engine.continuous.continuous_batch import (
     ContinuousBatch,
     ContinuousBatchLimits,
     can_batch,
-    drops_drafts,
 )
+from mlxserve.engine.continuous.drafting import drops_drafts
 from mlxserve.engine.generation.jobs import GenerationJob
 from mlxserve.engine.loop.loop_step import Lockstep
 from mlxserve.engine.memory.footprint import KVFootprint

@@ -90,7 +90,7 @@ class SpeculativeBatch(GenerationBatchAdapter):
     def empty_sibling(self) -> SpeculativeBatch:
         """An empty batch that drafts from the context as this one does, its counts shared
         (what interactive work runs in while idle-priority rows are set aside; the drafter
-        subclasses' rows are never set aside: `ContinuousBatch._parks`)."""
+        subclasses' rows are never set aside: `RowFeature.parks`)."""
         sibling = cast(SpeculativeBatch, empty_like(self))
         sibling.max_draft, sibling.costs, sibling.layers = self.max_draft, self.costs, self.layers
         sibling.counts = self.counts
