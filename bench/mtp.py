@@ -93,8 +93,8 @@ def drafting_cost() -> None:
     import mtp_fixture
     from mlx_lm.utils import _get_classes
 
-    from mlxserve.engine.draft_costs import verify_cost
-    from mlxserve.mtp.load import FAMILIES, new_head
+    from mlxserve.drafters.mtp_load import FAMILIES, new_head
+    from mlxserve.engine.speculation.draft_costs import verify_cost
 
     config = {
         **mtp_fixture.TINY_GLM_MTP.config,
@@ -128,7 +128,7 @@ def hybrid_rollback_cost(rows: int = 4, width: int = 4, kept: int = 2, repeats: 
     from mlx_lm import load
     from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
-    from mlxserve.engine.recurrent_steps import keep, recorded, records_steps
+    from mlxserve.engine.speculation.recurrent_steps import keep, recorded, records_steps
 
     model, _ = load(str(models.build(models.MODELS["hybrid-50m"])))
     records_steps(model)

@@ -202,7 +202,7 @@ def copied(items: Any) -> tuple:
 
 def register_cache_class(cls: type) -> None:
     """mlx-lm's `load_prompt_cache` finds each cache's class by name among its module's
-    names: a cache class of ours (engine/vision_rows.py's RopeDeltas) is added there, so
+    names: a cache class of ours (engine/continuous/vision_model.py's RopeDeltas) is added there, so
     the disk tier reads it back."""
     import mlx_lm.models.cache
 
@@ -248,7 +248,7 @@ def img2img_start_index(steps: int, strength: float) -> int:
 
 class GenerationBatchAdapter(GenerationBatch):
     """mlx-lm's GenerationBatch, its private state given typed public names: the only code
-    that reads or writes that state (engine/speculative.py and engine/head_drafts.py build
+    that reads or writes that state (engine/speculation/verify.py and head_drafts.py build
     on this). A subclass, not a wrapper: mlx-lm's BatchGenerator builds, extends and
     filters the batch it holds and calls its `next`, so a decode step of ours must be that
     object (see install_generation_batch)."""

@@ -27,12 +27,12 @@ from mlxserve.console import ready_screen
 from mlxserve.distributed.cluster import Cluster, FaultHandler, watch_launcher
 from mlxserve.distributed.lockstep import Follower, Leader
 from mlxserve.distributed.world import World, join_world
-from mlxserve.engine.batch import BatchLimits
-from mlxserve.engine.disk_cache import DiskCache
-from mlxserve.engine.lockstep import Lockstep
-from mlxserve.engine.memory import CACHE_LIMIT_SHARE, device_memory
-from mlxserve.engine.prompt_cache import PromptCache
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.caches.disk_cache import DiskCache
+from mlxserve.engine.caches.prompt_cache import PromptCache
+from mlxserve.engine.continuous.continuous_batch import ContinuousBatchLimits
+from mlxserve.engine.loop.loop_step import Lockstep
+from mlxserve.engine.loop.worker import GenerationWorker
+from mlxserve.engine.memory.footprint import CACHE_LIMIT_SHARE, device_memory
 from mlxserve.models.demo import cache_root
 from mlxserve.models.provider import ModelProvider, resolve_model_path
 from mlxserve.protocol.errors import ServiceError
@@ -185,7 +185,7 @@ def idle_worker(
     if config.prompt_cache_dir is not None:
         disk = DiskCache(config.prompt_cache_dir, int(config.prompt_cache_disk_gb * GB))
     cache = PromptCache(config.prompt_cache_size, config.prompt_cache_bytes, disk)
-    limits = BatchLimits(
+    limits = ContinuousBatchLimits(
         decode=config.max_concurrent,
         prefill_chunk=config.prefill_chunk,
         kv_bits=config.kv_bits,

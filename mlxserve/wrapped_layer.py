@@ -1,6 +1,6 @@
 """A model's layer wrapped in place, in its model's list of layers, to do something
-around its call (mtp/hidden.py keeps its output; engine/vision_rows.py evaluates a vision
-tower's blocks one at a time)."""
+around its call (drafters/hidden.py keeps its output; engine/continuous/vision_model.py
+evaluates a vision tower's blocks one at a time)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from helpers.inprocess import in_process
 from helpers.streams import endless
 from websockets.sync.client import connect
 
-from mlxserve.engine import batch, worker
+from mlxserve.engine.continuous import continuous_batch
+from mlxserve.engine.loop import worker
 
 CHAT = "/v1/chat/completions"
 
@@ -22,7 +23,7 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture
 def failing_once(monkeypatch):
     """The first decode step with two sequences in the batch raises."""
-    step = batch.BatchSession.step
+    step = continuous_batch.ContinuousBatch.step
     failed = threading.Event()
 
     def fail_once(self) -> None:
@@ -31,7 +32,7 @@ def failing_once(monkeypatch):
             raise RuntimeError("injected failure")
         step(self)
 
-    monkeypatch.setattr(batch.BatchSession, "step", fail_once)
+    monkeypatch.setattr(continuous_batch.ContinuousBatch, "step", fail_once)
     return failed
 
 
@@ -63,7 +64,7 @@ def test_requests_in_flight_get_500_and_the_server_recovers(tiny_model, failing_
 @pytest.fixture
 def failing_tenth_step(monkeypatch):
     """The tenth decode step raises: a stream has begun by then."""
-    step, steps = batch.BatchSession.step, []
+    step, steps = continuous_batch.ContinuousBatch.step, []
 
     def fail_on_the_tenth(self) -> None:
         steps.append(1)
@@ -71,7 +72,7 @@ def failing_tenth_step(monkeypatch):
             raise RuntimeError("injected failure")
         step(self)
 
-    monkeypatch.setattr(batch.BatchSession, "step", fail_on_the_tenth)
+    monkeypatch.setattr(continuous_batch.ContinuousBatch, "step", fail_on_the_tenth)
 
 
 def test_a_failure_mid_stream_is_an_error_event(tiny_model, failing_tenth_step, monkeypatch):
@@ -169,7 +170,7 @@ def test_a_bug_in_a_websocket_turn_fails_that_turn_only(tiny_model, monkeypatch)
 def test_a_failure_while_joining_the_batch_answers_the_request(tiny_model, monkeypatch):
     """A request whose prompt is done but whose insertion into the batch fails was held
     by nobody: it waited forever. It gets the 500, and the next request is served."""
-    insert = batch.BatchSession._insert
+    insert = continuous_batch.ContinuousBatch._insert
     failed = threading.Event()
 
     def fail_once(self, *args) -> None:
@@ -178,7 +179,7 @@ def test_a_failure_while_joining_the_batch_answers_the_request(tiny_model, monke
             raise RuntimeError("injected failure")
         insert(self, *args)
 
-    monkeypatch.setattr(batch.BatchSession, "_insert", fail_once)
+    monkeypatch.setattr(continuous_batch.ContinuousBatch, "_insert", fail_once)
     with in_process(tiny_model, monkeypatch) as client:
         with ThreadPoolExecutor(1) as pool:
             status, _, body = pool.submit(client.post, CHAT, BY_NAME["capital"].request).result(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxserve.engine.stops import StopMatcher
+from mlxserve.engine.generation.stops import StopMatcher
 
 TEXT = "One, two, three, four, five."
 

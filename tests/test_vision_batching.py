@@ -350,7 +350,7 @@ def test_a_stream_goes_on_while_images_are_encoded(vision_model, monkeypatch):
     and that request is answered once its image is through."""
     from helpers.inprocess import in_process
 
-    from mlxserve.engine import vision_rows
+    from mlxserve.engine.continuous import vision_rows
 
     encoded, encoding, release = vision_rows._encoded, threading.Event(), threading.Event()
 

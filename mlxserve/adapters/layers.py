@@ -16,7 +16,7 @@ The arithmetic per row is mlx-lm's (`tuner/lora.py`'s LoRALinear: y + scale * (x
 adapter_path=...)` for that adapter alone, within the rounding of a batch.
 
 Which rows use which adapter is the model's `Routing`, set for the length of one forward
-pass by whoever calls the model (engine/adapter_rows.py, from the rows' caches).
+pass by whoever calls the model (engine/continuous/adapter_rows.py, from the rows' caches).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from mlxserve.audio.transcription import (
     TranscriptionOptions,
     Window,
 )
-from mlxserve.engine.sampling import reseed_random
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.generation.sampling import reseed_random
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.service.sharing import shared_call

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mlxserve.chat.images import ImageLimits, LoadedImage, load_image
 from mlxserve.chat.templates import chat_text, image_parts
-from mlxserve.engine.jobs import PromptImages
+from mlxserve.engine.generation.jobs import PromptImages
 from mlxserve.models.capabilities import read_config
 from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import ChatRequest

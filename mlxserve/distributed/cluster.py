@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlxserve.config import ServerConfig
 from mlxserve.distributed.control import Address, Hub, Link
 from mlxserve.distributed.world import World, largest, share, split_model
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.capabilities import is_embedding_model
 from mlxserve.protocol.errors import unavailable
 

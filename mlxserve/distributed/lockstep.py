@@ -22,9 +22,9 @@ from typing import Any
 
 from mlxserve.distributed.control import Hub, Link
 from mlxserve.distributed.world import World, largest
-from mlxserve.engine.jobs import GenerationJob, PromptImages
-from mlxserve.engine.lockstep import LoopStep
-from mlxserve.engine.sampling import GenerationParams
+from mlxserve.engine.generation.jobs import GenerationJob, PromptImages
+from mlxserve.engine.generation.sampling import GenerationParams
+from mlxserve.engine.loop.loop_step import LoopStep
 from mlxserve.models.provider import ModelSpec
 from mlxserve.structured.matcher import Grammar
 

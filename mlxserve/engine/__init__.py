@@ -1,0 +1,1 @@
+"""The one generation thread, in rooms (docs/ARCHITECTURE.md lists what each holds)."""

@@ -13,7 +13,7 @@ from functools import partial
 
 import numpy as np
 
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.images.render import ImageJob, ImageModel, Render
 from mlxserve.models.provider import ModelSpec
 from mlxserve.protocol.errors import ClientGone

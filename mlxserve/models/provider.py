@@ -23,6 +23,9 @@ from mlxserve.adapters.folder import AdapterError, adapter_files
 from mlxserve.adapters.layers import ModelAdapters
 from mlxserve.adapters.registry import AdapterRegistry, DeclaredAdapter
 from mlxserve.config import ModelSettings, ServerConfig
+from mlxserve.drafters.dflash import DFlashDrafter, DFlashUnsupported
+from mlxserve.drafters.eagle3 import Eagle3Drafter, drafter_kind
+from mlxserve.drafters.mtp_load import load_head
 from mlxserve.models.capabilities import (
     PIPELINE_INDEX,
     is_model_folder,
@@ -37,9 +40,6 @@ from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
 from mlxserve.models.kinds import KINDS, LoadRequest, ModelKind
 from mlxserve.models.tokenizer import load_text_tokenizer
 from mlxserve.models.vision_loader import load_vision_model, load_vision_processor
-from mlxserve.mtp.dflash import DFlashDrafter, DFlashUnsupported
-from mlxserve.mtp.eagle3 import Eagle3Drafter, drafter_kind
-from mlxserve.mtp.load import load_head
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found
 from mlxserve.units import GB, format_bytes
 
@@ -100,8 +100,8 @@ class LoadedModel:
     draft_model: Any | None
     nbytes: int = 0  # the weights' memory, the draft model's and the head's included
     # A drafter that reads the model's hidden states: the checkpoint's MTP head
-    # (mtp.head.MTPHead), an EAGLE-3 --draft-model (mtp.eagle3.Eagle3Drafter) or a
-    # DFlash one (mtp.dflash.DFlashDrafter)
+    # (drafters.mtp_head.MTPHead), an EAGLE-3 --draft-model (drafters.eagle3.Eagle3Drafter) or a
+    # DFlash one (drafters.dflash.DFlashDrafter)
     head: Any | None = None
     # The adapters resident in a text model (rows of one batch each under their own);
     # None where a model takes none (other kinds, --adapter-path, across machines)
@@ -479,7 +479,7 @@ class ModelProvider:
 
     def read(self, spec: ModelSpec) -> LoadedModel:
         """Load `spec`'s weights (evaluated) and tokenizer without making it resident: any
-        thread may (engine/loading.py), `install` hands it over."""
+        thread may (engine/memory/loading.py), `install` hands it over."""
         import mlx.core as mx
 
         log.info(

@@ -12,10 +12,10 @@ from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
 from mlxserve.chat.tool_prompt import injects_tools
 from mlxserve.chat.vision_prompt import VisionChat, render_vision_chat
 from mlxserve.config import ServerConfig
-from mlxserve.engine.jobs import PromptImages
-from mlxserve.engine.reasoning_budget import ReasoningBudget
-from mlxserve.engine.sampling import GenerationParams
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.generation.jobs import PromptImages
+from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
+from mlxserve.engine.generation.sampling import GenerationParams
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.models.tokenizer import longest_token
 from mlxserve.postprocess.output import (

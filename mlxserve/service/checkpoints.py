@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from mlxserve.engine.token_prefix import common_prefix
+from mlxserve.engine.caches.token_prefix import common_prefix
 from mlxserve.models.provider import ModelSpec
 from mlxserve.protocol.request import ChatRequest, Message
 

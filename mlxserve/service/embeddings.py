@@ -10,7 +10,7 @@ from functools import partial
 import numpy as np
 
 from mlxserve.chat.templates import check_token_ids
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.embedding import EmbeddingModel, PartialEmbedding
 from mlxserve.models.provider import ModelSpec
 from mlxserve.protocol.errors import bad_request

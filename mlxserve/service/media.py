@@ -13,7 +13,7 @@ import numpy as np
 from mlxserve.audio import service as audio
 from mlxserve.audio.speech import SpeechRequest
 from mlxserve.audio.transcription import TranscriptionOptions, Window
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.images.render import ImageJob
 from mlxserve.images.service import Rendered, Renders
 from mlxserve.models.provider import ModelSpec

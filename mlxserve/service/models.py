@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxserve.adapters.registry import DeclaredAdapter
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.keys.caller import current_caller, model_refused
 from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
 from mlxserve.postprocess.output import chat_markup, reasoning_markers

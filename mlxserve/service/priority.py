@@ -1,5 +1,5 @@
 """The priority of the work the current thread asks for: batch work runs at idle priority
-(engine/jobs.py's `idle_priority`). A context variable, so that the batch runner replays a
+(engine/generation/jobs.py's `idle_priority`). A context variable, so that the batch runner replays a
 line through the same endpoint a client calls, and every run it starts is marked."""
 
 from __future__ import annotations

@@ -11,9 +11,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from mlxserve.engine.jobs import ErrorEvent, FinishEvent, GenerationJob, PromptImages, TokenEvent
-from mlxserve.engine.sampling import GenerationParams
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.generation.jobs import (
+    ErrorEvent,
+    FinishEvent,
+    GenerationJob,
+    PromptImages,
+    TokenEvent,
+)
+from mlxserve.engine.generation.sampling import GenerationParams
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.provider import ModelSpec
 from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
 from mlxserve.protocol.errors import ClientGone, unavailable

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from mlxserve.engine.worker import GenerationWorker
+from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.protocol.errors import ClientGone
 
 T = TypeVar("T")

@@ -97,7 +97,7 @@ def test_a_token_context_is_read_without_changing_it():
 
 @pytest.mark.parametrize("rejoins", ["in place", "beside a running row"])
 def test_a_batch_set_aside_goes_on_where_it_stopped(tiny_model, rejoins):
-    """What parking idle-priority rows does (engine/batch.py): mlx-lm's batch set aside
+    """What parking idle-priority rows does (engine/continuous/parking.py): mlx-lm's batch set aside
     whole for an empty one of its class while another row runs, then back in place (or,
     if that row still runs, joined to it). Its rows' tokens are those of a run never set
     aside, and its own cache extraction still reads a row's tokens and caches."""

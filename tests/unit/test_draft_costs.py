@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlxserve.engine.draft_costs import LONGEST_REST, Acceptance, DraftCosts, PaidLength
-from mlxserve.engine.speculative import DraftLengths, NgramDrafter
+from mlxserve.engine.speculation.draft_costs import LONGEST_REST, Acceptance, DraftCosts, PaidLength
+from mlxserve.engine.speculation.draft_lengths import DraftLengths
+from mlxserve.engine.speculation.prompt_lookup import NgramDrafter
 
 FREE = DraftCosts((2, 9), (1.0, 1.0))  # memory-bound: a pass over 9 costs a step
 SOME = DraftCosts((2, 9), (1.2, 2.6))  # a fifth of a step per token

@@ -3,8 +3,8 @@ block): it follows each row's acceptance, within the row's token limit."""
 
 from __future__ import annotations
 
-from mlxserve.engine.draft_costs import DraftCosts
-from mlxserve.engine.speculative import DraftLength, DraftLengths
+from mlxserve.engine.speculation.draft_costs import DraftCosts
+from mlxserve.engine.speculation.draft_lengths import DraftLength, DraftLengths
 
 
 def test_the_length_shrinks_to_what_was_kept_and_grows_back_while_drafts_are_kept_whole():

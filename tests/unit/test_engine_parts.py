@@ -14,14 +14,15 @@ from mlx_lm import load
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from mlxserve.engine.admission import Admission, Capacity
-from mlxserve.engine.disk_cache import DiskCache
-from mlxserve.engine.draft_costs import DraftCosts
-from mlxserve.engine.idle_joins import JoinsApart
-from mlxserve.engine.memory import KVFootprint
-from mlxserve.engine.prompt_cache import PromptCache
-from mlxserve.engine.quantized_cache import KVQuantization, QuantizedCache
-from mlxserve.engine.speculative import speculate_in
+from mlxserve.engine.caches.disk_cache import DiskCache
+from mlxserve.engine.caches.prompt_cache import PromptCache
+from mlxserve.engine.caches.quantized_cache import KVQuantization, QuantizedCache
+from mlxserve.engine.continuous.idle_joins import JoinsApart
+from mlxserve.engine.loop.admission import Admission, Capacity
+from mlxserve.engine.memory.footprint import KVFootprint
+from mlxserve.engine.speculation.draft_costs import DraftCosts
+from mlxserve.engine.speculation.draft_model import draft_with_model
+from mlxserve.engine.speculation.verify import speculate_in
 from mlxserve.protocol.errors import ServiceError
 
 
@@ -176,7 +177,7 @@ def test_a_resting_draft_model_catches_up_before_it_drafts(request, fixture, sto
     model, _ = load(str(request.getfixturevalue(fixture)))
     generator = BatchGenerator(model)
     costs = DraftCosts((2, 4), (1.9, 3.8))  # even guesses always kept never pay: tries only
-    counts = speculate_in(generator, 3, model, costs)
+    counts = draft_with_model(generator, 3, model, costs)
     layers = len(make_prompt_cache(model))
 
     def insert(prompt: list[int], max_tokens: int) -> int:

@@ -12,7 +12,7 @@ from PIL import Image
 from mlxserve.chat.images import ImageLimits, LoadedImage, downscale, load_image
 from mlxserve.chat.vision_prompt import cache_tokens, media_spans
 from mlxserve.config import ServerConfig
-from mlxserve.engine.jobs import PromptImages
+from mlxserve.engine.generation.jobs import PromptImages
 from mlxserve.protocol.errors import ErrorKind, ServiceError
 
 PARAM = "messages[0].content[0]"

@@ -12,7 +12,7 @@ import mlxserve
 PACKAGE = Path(mlxserve.__file__).parent
 EDGE = PACKAGE / "api"
 # Behind the door: the generation thread, the model loader, the drafters' engine.
-BEHIND_THE_DOOR = ("mlxserve.engine", "mlxserve.mtp", "mlxserve.drafters")
+BEHIND_THE_DOOR = ("mlxserve.engine", "mlxserve.drafters")
 HIDDEN_NAMES = {"ModelProvider", "GenerationWorker"}
 HIDDEN_ATTRIBUTES = {"worker", "provider"}
 

@@ -17,10 +17,10 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlxserve.config import ModelSettings, SamplingDefaults, ServerConfig
 from mlxserve.distributed.lockstep import Follower, Leader
 from mlxserve.distributed.world import World
-from mlxserve.engine.jobs import GenerationJob, PromptImages
-from mlxserve.engine.lockstep import LoopStep
-from mlxserve.engine.reasoning_budget import ReasoningBudget
-from mlxserve.engine.sampling import GenerationParams
+from mlxserve.engine.generation.jobs import GenerationJob, PromptImages
+from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
+from mlxserve.engine.generation.sampling import GenerationParams
+from mlxserve.engine.loop.loop_step import LoopStep
 from mlxserve.models.provider import ModelProvider, ModelSpec
 from mlxserve.protocol.request import Sampling
 from mlxserve.server import idle_worker, load_served, start_worker

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxserve.engine.speculative import MAX_BACKOFF_STEPS, NgramDrafter
+from mlxserve.engine.speculation.prompt_lookup import MAX_BACKOFF_STEPS, NgramDrafter
 
 
 def test_the_prediction_follows_the_latest_earlier_occurrence_of_the_longest_ngram():

@@ -1,4 +1,4 @@
-"""Logits processors that follow drafted tokens (engine/speculative.py shows them a draft
+"""Logits processors that follow drafted tokens (engine/speculation/verify.py shows them a draft
 one position at a time, then takes back what the pass did not keep; engine/draft_guide.py
 shows them a drafter's guesses, then takes them all back): after `rollback` each one masks
 the next token exactly as one that never saw the rejected tokens."""
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxserve.engine.draft_guide import DraftGuide
-from mlxserve.engine.reasoning_budget import ReasoningBudget
+from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
+from mlxserve.engine.speculation.draft_guide import DraftGuide
 from mlxserve.structured import lark
 from mlxserve.structured.matcher import Grammar
 

@@ -27,10 +27,10 @@ from mlx_lm.utils import _get_classes
 from mtp_fixture import TINY_QWEN35_MTP
 from vision_fixture import TINY_QWEN35_VISION, new_model
 
-from mlxserve.engine import draft_costs, recurrent_steps
-from mlxserve.engine.recurrent_steps import keep, recorded, records_steps
-from mlxserve.engine.rewind import is_recurrent, rewind, roll_back, snapshot
-from mlxserve.engine.vision_rows import VisionBatchModel
+from mlxserve.engine.continuous.vision_model import VisionBatchModel
+from mlxserve.engine.speculation import draft_costs, recurrent_steps
+from mlxserve.engine.speculation.recurrent_steps import keep, recorded, records_steps
+from mlxserve.engine.speculation.rewind import is_recurrent, rewind, roll_back, snapshot
 
 VOCAB = 97
 CONFIGS = {

@@ -3,7 +3,7 @@ iteration, batch slots, and siblings that share a prompt."""
 
 from __future__ import annotations
 
-from mlxserve.engine.scheduler import Plan, Waiting, plan_prefill
+from mlxserve.engine.continuous.scheduler import Plan, Waiting, plan_prefill
 
 
 def plan(waiting: list[Waiting], budget=256, free_slots=32, batch_empty=False) -> Plan:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from mlxserve.engine.speculation_plan import (
+from mlxserve.engine.speculation.speculation_plan import (
     SpeculationFeatures,
     SpeculationPlan,
     plan_speculation,
@@ -80,14 +80,14 @@ def test_an_eagle3_drafter_drafts_even_with_mtp_off():
     ],
 )
 def test_what_rules_a_head_out_is_logged(change, reason, caplog):
-    with caplog.at_level(logging.INFO, logger="mlxserve.engine.speculation_plan"):
+    with caplog.at_level(logging.INFO, logger="mlxserve.engine.speculation.speculation_plan"):
         plan = plan_speculation(replace(MTP, **change), never)
     assert not plan.head
     assert f"Drafting with its Qwen3.5-layout MTP head off for m: {reason}" in caplog.text
 
 
 def test_caches_that_cannot_roll_back_draft_nothing(caplog):
-    with caplog.at_level(logging.INFO, logger="mlxserve.engine.speculation_plan"):
+    with caplog.at_level(logging.INFO, logger="mlxserve.engine.speculation.speculation_plan"):
         plan = plan_speculation(replace(MTP, rolls_back=False, lookup="on"), always)
     assert plan == SpeculationPlan()
     assert "Speculation off for m: its caches cannot drop rejected drafts" in caplog.text

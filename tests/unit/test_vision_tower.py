@@ -1,7 +1,7 @@
-"""A vision tower as the batch's encoder thread runs it (`engine/vision_rows.py`): a block
-at a time, each block's output evaluated before the next is built (evaluated whole, a
-large image's tower held up the generation thread's steps: bench/vlm.py's fairness), with
-the same output as mlx-vlm's own tower."""
+"""A vision tower as the batch's encoder thread runs it (`engine/continuous/vision_model.py`):
+a block at a time, each block's output evaluated before the next is built (evaluated
+whole, a large image's tower held up the generation thread's steps: bench/vlm.py's
+fairness), with the same output as mlx-vlm's own tower."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from mlx.utils import tree_flatten
 from vision_fixture import TINY_GEMMA3_VISION, TINY_QWEN35_VISION, TINY_VISION, new_model
 
-from mlxserve.engine.vision_rows import EvaluatedBlock, VisionBatchModel
+from mlxserve.engine.continuous.vision_model import EvaluatedBlock, VisionBatchModel
 
 PATCHES = 8  # patches a side: a grid of 8 x 8, merged 2 x 2 into 16 image tokens
 

@@ -13,7 +13,7 @@ import pytest
 from mlx_lm.models.cache import BatchRotatingKVCache
 
 from mlxserve.compat import mend_window_masks
-from mlxserve.engine.rewind import roll_back
+from mlxserve.engine.speculation.rewind import roll_back
 
 WINDOW = 8
 

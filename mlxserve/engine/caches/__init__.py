@@ -1,0 +1,1 @@
+"""The prompt cache: prefixes in memory, their disk tier, quantized KV caches."""

@@ -1,0 +1,1 @@
+"""What one sequence's generation needs, whichever session runs it."""

@@ -1,0 +1,1 @@
+"""The generation loop, the thread it runs on, and the requests it takes (worker.py)."""
