@@ -179,7 +179,7 @@ def test_a_constrained_row_shares_passes_with_drafting_rows(family):
 
 def test_a_constrained_rows_guesses_follow_its_grammar(family):
     """The drafter's guesses for a constrained row are masked by its grammar as the verify
-    pass masks the model's (engine/draft_guide.py), then taken back from the grammar:
+    pass masks the model's (engine/speculation/draft_guide.py), then taken back from the grammar:
     asked for digits the fixtures never write, the reply is plain decoding's, and the
     drafter's guesses (the digits its own logits prefer) are accepted (measured: the DFlash
     fixture 2 of 23 guided, none unguided; the MTP heads 14 of 39, against 7 and 13).

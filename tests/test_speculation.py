@@ -343,7 +343,7 @@ def test_a_constrained_row_beside_a_draft_models_rows(launch, tiny_model):
 
 def test_a_draft_models_guesses_follow_the_rows_grammar(launch, tiny_model):
     """A draft model guesses from its own logits; a constrained row's are masked by its
-    grammar as the verify pass masks the model's (engine/draft_guide.py). tiny-chat
+    grammar as the verify pass masks the model's (engine/speculation/draft_guide.py). tiny-chat
     drafting for itself, asked for digits it never writes: its masked guesses are the
     model's own choices, and nearly all are accepted (unmasked, every one was refused);
     the reply is the one without the draft model."""
@@ -373,7 +373,7 @@ def test_a_draft_models_drafts_shorten_where_they_miss(launch, tiny_model, echo_
 
 def test_by_default_a_draft_model_whose_guesses_miss_only_tries(launch, tiny_model, echo_model):
     """Under --speculation auto (the default) a named drafter drafts what this device's
-    measured costs pay for (engine/draft_costs.py). Here a pass over two tokens and a step
+    measured costs pay for (engine/speculation/draft_costs.py). Here a pass over two tokens and a step
     of the draft model cost more than a step; tiny-echo's guesses for tiny-chat's story
     miss, so the row drafts only a token now and then (after rests of 2 to 32 steps, or
     at once after a try that was kept), and the reply is tiny-chat's own."""

@@ -8,7 +8,7 @@ from helpers.metrics import metrics
 from helpers.server import CHAT
 
 # A drafter named by --draft-model drafts for every row each step: under the default
-# (`auto`) this CPU's measured costs would stop it (see engine/draft_costs.py), and what
+# (`auto`) this CPU's measured costs would stop it (see engine/speculation/draft_costs.py), and what
 # these tests check is what drafting does.
 DRAFT_ALWAYS = ("--speculation", "on")
 

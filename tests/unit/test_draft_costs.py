@@ -1,5 +1,5 @@
 """The draft length a row's acceptance pays for at this device's measured costs
-(`engine/draft_costs.py`), and the lengths that follow it."""
+(`engine/speculation/draft_costs.py`), and the lengths that follow it."""
 
 from __future__ import annotations
 

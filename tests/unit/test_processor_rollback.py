@@ -1,5 +1,5 @@
 """Logits processors that follow drafted tokens (engine/speculation/verify.py shows them a draft
-one position at a time, then takes back what the pass did not keep; engine/draft_guide.py
+one position at a time, then takes back what the pass did not keep; engine/speculation/draft_guide.py
 shows them a drafter's guesses, then takes them all back): after `rollback` each one masks
 the next token exactly as one that never saw the rejected tokens."""
 
@@ -136,7 +136,7 @@ class Rows:
 
 @pytest.mark.parametrize("padding", [5, 0, -3], ids=["wider", "same", "narrower"])
 def test_a_drafters_guesses_follow_the_grammar_and_are_taken_back(tokenizer, padding):
-    """engine/draft_guide.py: a drafter (its vocabulary padded wider or narrower than the
+    """engine/speculation/draft_guide.py: a drafter (its vocabulary padded wider or narrower than the
     model's) that prefers letters guesses, for a row under a `[0-9]{4}` grammar, the
     digits it allows, each after the guesses before it, and for a row beside it without
     one, its letters; once done, the grammar masks each token as one that never saw the

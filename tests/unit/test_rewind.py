@@ -3,11 +3,11 @@ the step's positions, on random-weight models with left-padded rows of different
 (longer than a sliding window): after random runs of steps, each row's next logits equal
 those of the row alone fed exactly the tokens it kept.
 
-- A hybrid model's verify pass (`engine/recurrent_steps.py`, Qwen3-Next and Qwen3.5, and
+- A hybrid model's verify pass (`engine/speculation/recurrent_steps.py`, Qwen3-Next and Qwen3.5, and
   mlx-vlm's Qwen3.5 as a vision checkpoint's language model in the batch): its gated
   delta-net layers take the state recorded after each row's last kept token, with no
   second pass; or, past the records' memory bound, go back and take the kept tokens again.
-- A draft model's chain (`engine/rewind.py`: Gemma 3 with a sliding window of 8, Qwen3.5,
+- A draft model's chain (`engine/speculation/rewind.py`: Gemma 3 with a sliding window of 8, Qwen3.5,
   Qwen3): written a token at a time (a wrapped window in place, recurrent layers into their
   state), its caches go back to where the chain began and take each row's kept tokens
   again.

@@ -1,4 +1,4 @@
-"""The speculation table (engine/speculation_plan.py): what combines with what, and the
+"""The speculation table (engine/speculation/speculation_plan.py): what combines with what, and the
 reason logged when a drafter is ruled out."""
 
 from __future__ import annotations
