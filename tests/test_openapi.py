@@ -128,6 +128,7 @@ def test_a_body_nobody_reads_is_not_the_next_request(server, method):
         ("/v1/responses", {"input": [None]}, "input[0]"),
         ("/v1/responses", {"input": [{"type": {}}]}, "input[0]"),
         ("/v1/adapters/load", {"name": "a", "path": "\u0000x"}, "path"),
+        ("/v1/messages", {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], "context_management": {"edits": [{"type": {}}]}}, "context_management.edits"),
     ],
 )  # fmt: skip
 def test_malformed_bodies_are_400_naming_the_field(server, path, body, param):

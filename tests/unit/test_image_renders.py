@@ -117,9 +117,10 @@ def test_sizes_refused(size):
 
 def test_links_expire_and_the_oldest_go_past_the_bound():
     links = ImageLinks(seconds=0.2, max_bytes=10)
-    first = links.add(b"12345", "image/png", "png")
-    second = links.add(b"67890", "image/png", "png")
-    assert first.startswith(LINK_PREFIX) and first.endswith(".png")
+    first_path = links.add(b"12345", "image/png", "png")
+    second = links.add(b"67890", "image/png", "png").removeprefix(LINK_PREFIX)
+    assert first_path.startswith(LINK_PREFIX) and first_path.endswith(".png")
+    first = first_path.removeprefix(LINK_PREFIX)  # the name the link's route is given
     assert links.get(first).data == b"12345"
     links.add(b"abc", "image/png", "png")  # 13 bytes kept: the oldest goes
     with pytest.raises(ServiceError):

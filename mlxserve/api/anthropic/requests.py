@@ -379,7 +379,7 @@ class ContextManagement(Closed):
         for i, edit in enumerate(edits if isinstance(edits, list) else []):
             if not isinstance(edit, dict) or "type" not in edit:
                 raise ValueError(f"edits[{i}] is not an object with a type")
-            if edit["type"] not in EDITS:
+            if not isinstance(edit["type"], str) or edit["type"] not in EDITS:
                 raise ValueError(
                     f"edits[{i}] has type {edit['type']!r}; this server applies {served}"
                 )
