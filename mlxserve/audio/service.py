@@ -19,7 +19,7 @@ from mlxserve.audio.transcription import (
 )
 from mlxserve.engine.generation.sampling import reseed_random
 from mlxserve.engine.loop.worker import GenerationWorker
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.service.sharing import shared_call
 

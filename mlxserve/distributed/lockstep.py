@@ -25,7 +25,7 @@ from mlxserve.distributed.world import World, largest
 from mlxserve.engine.generation.jobs import GenerationJob, PromptImages
 from mlxserve.engine.generation.sampling import GenerationParams
 from mlxserve.engine.loop.loop_step import LoopStep
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.structured.matcher import Grammar
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import numpy as np
 
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.images.render import ImageJob, ImageModel, Render
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import ClientGone
 from mlxserve.service.sharing import shared_call
 

@@ -1,8 +1,9 @@
-"""ModelProvider: resolves model ids to folders, loads them and keeps several resident
-(least recently used first out, when the generation thread needs the memory).
+"""ModelProvider: resolves model ids to folders and keeps several models resident (least
+recently used first out, when the generation thread needs the memory); reading one is
+its loader's (models/loader.py), what a model is its spec's (models/spec.py).
 
-Resolving and tokenizers run on HTTP threads (no MLX); loading and unloading run on the
-generation thread, the only one that touches MLX.
+Resolving and tokenizers run on HTTP threads (no MLX); unloading runs on the generation
+thread, the only one that touches MLX.
 """
 
 from __future__ import annotations
@@ -15,17 +16,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from mlxserve.adapters.folder import AdapterError, adapter_files
-from mlxserve.adapters.layers import ModelAdapters
 from mlxserve.adapters.registry import AdapterRegistry, DeclaredAdapter
 from mlxserve.config import ModelSettings, ServerConfig
-from mlxserve.drafters.dflash import DFlashDrafter, DFlashUnsupported
-from mlxserve.drafters.eagle3 import Eagle3Drafter, drafter_kind
-from mlxserve.drafters.mtp_load import load_head
 from mlxserve.models.capabilities import (
     PIPELINE_INDEX,
     is_model_folder,
@@ -33,84 +29,19 @@ from mlxserve.models.capabilities import (
     is_text_model,
     loads_as_text,
     trained_context,
-    weight_files,
 )
-from mlxserve.models.chunked_attention import batch_chunked_attention
 from mlxserve.models.demo import cache_root, ensure_demo_model, is_demo_name
-from mlxserve.models.kinds import KINDS, LoadRequest, ModelKind
+from mlxserve.models.kinds import KINDS
+from mlxserve.models.loader import LoadedModel, ModelLoader, load_error
+from mlxserve.models.spec import ModelSpec, stored_bytes
 from mlxserve.models.tokenizer import load_text_tokenizer
-from mlxserve.models.vision_loader import load_vision_model, load_vision_processor
+from mlxserve.models.vision_loader import load_vision_processor
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found
-from mlxserve.units import GB, format_bytes
 
 log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _TOKENIZER_SLOTS = 4
-PROGRESS_BYTES = GB  # a load this large logs its progress,
-PROGRESS_STEPS = 4  # a quarter at a time
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Which weights to serve: the identity the prompt cache and residency key on."""
-
-    path: Path
-    adapter_path: str | None = None
-    draft_path: Path | None = None
-    as_text: bool = False  # a vision-language checkpoint served as text (--text-only)
-
-    @property
-    def key(self) -> str:
-        return f"{self.path}|{self.adapter_path}|{self.draft_path}" + (
-            "|text" if self.as_text else ""
-        )
-
-    @property
-    def model_kind(self) -> ModelKind:
-        """What the folder serves (models/kinds.py): a vision checkpoint served as text is
-        a chat model."""
-        kind = KINDS.of(self.path)
-        return KINDS.named("chat") if kind.images and self.as_text else kind
-
-    @property
-    def kind(self) -> str:
-        """chat, vision, embedding, rerank, transcription, speech: a registered kind."""
-        return self.model_kind.name
-
-    @property
-    def vision(self) -> bool:
-        """Takes images: served by mlx-vlm instead of mlx-lm."""
-        return self.model_kind.images
-
-    @property
-    def generative(self) -> bool:
-        """Served by the generation loop's sessions (text out, a token at a time); the
-        other kinds run as calls between the loop's steps."""
-        return self.model_kind.generative
-
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    # an mlx-lm model; an mlx-vlm one when spec.vision; else the kind's own wrapper
-    # (EmbeddingModel, a reranker, Transcriber, Synthesizer)
-    model: Any
-    tokenizer: Any  # None for the audio kinds
-    draft_model: Any | None
-    nbytes: int = 0  # the weights' memory, the draft model's and the head's included
-    # A drafter that reads the model's hidden states: the checkpoint's MTP head
-    # (drafters.mtp_head.MTPHead), an EAGLE-3 --draft-model (drafters.eagle3.Eagle3Drafter) or a
-    # DFlash one (drafters.dflash.DFlashDrafter)
-    head: Any | None = None
-    # The adapters resident in a text model (rows of one batch each under their own);
-    # None where a model takes none (other kinds, --adapter-path, across machines)
-    adapters: ModelAdapters | None = None
-
-    def drop_draft_model(self) -> None:
-        """Let the draft model go (it cannot draft for this model), its weights with it."""
-        self.nbytes -= _weight_bytes(self.draft_model)
-        self.draft_model = None
 
 
 def _is_inside(path: Path, root: Path) -> bool:
@@ -157,7 +88,7 @@ class ModelProvider:
         splits a model across the ranks of a distributed server before its weights
         are read (each rank then reads only its share)."""
         self.config = config
-        self._split = split
+        self.loader = ModelLoader(config, self.tokenizer, split)
         self.alias = config.model
         self.served: dict[str, ModelSpec] = {}
         self._settings: dict[ModelSpec, ModelSettings] = {}
@@ -352,7 +283,7 @@ class ModelProvider:
                 try:
                     loaded = load()
                 except Exception as e:
-                    raise _load_error(spec, e) from e
+                    raise load_error(spec, e) from e
                 if len(kept) >= _TOKENIZER_SLOTS:
                     kept.pop(next(iter(kept)))
                 kept[spec.path] = loaded
@@ -475,40 +406,7 @@ class ModelProvider:
         if spec in self._resident:
             self.touch(spec)
             return self._resident[spec]
-        return self.install(self.read(spec))
-
-    def read(self, spec: ModelSpec) -> LoadedModel:
-        """Load `spec`'s weights (evaluated) and tokenizer without making it resident: any
-        thread may (engine/memory/loading.py), `install` hands it over."""
-        import mlx.core as mx
-
-        log.info(
-            "Loading model from %s (%s, %s of weights)",
-            spec.path,
-            spec.kind,
-            format_bytes(stored_bytes(spec)),
-        )
-        start = time.perf_counter()
-        try:
-            model, draft, head = self._load_weights(spec)
-            tokenizer = self.tokenizer(spec) if spec.model_kind.tokenizer else None
-        except ServiceError:
-            raise
-        except Exception as e:
-            raise _load_error(spec, e) from e
-        nbytes = _weight_bytes(model, draft, head)
-        takes_adapters = spec.kind == "chat" and not spec.adapter_path and self._split is None
-        adapters = ModelAdapters(model) if takes_adapters else None
-        loaded = LoadedModel(spec, model, tokenizer, draft, nbytes, head, adapters)
-        log.info(
-            "Loaded %s in %.1fs (peak memory %s, active %s)",
-            spec.path,
-            time.perf_counter() - start,
-            format_bytes(mx.get_peak_memory()),
-            format_bytes(mx.get_active_memory()),
-        )
-        mx.reset_peak_memory()
-        return loaded
+        return self.install(self.loader.read(spec))
 
     def install(self, loaded: LoadedModel) -> LoadedModel:
         """Make a model `read` resident; if the same model became resident meanwhile (an
@@ -517,121 +415,6 @@ class ModelProvider:
             loaded = self._resident.setdefault(loaded.spec, loaded)
         self.touch(loaded.spec)
         return loaded
-
-    def _load_weights(self, spec: ModelSpec) -> tuple[Any, Any | None, Any | None]:
-        """(model, draft model or None, hidden-state drafter or None)."""
-        from mlx_lm.utils import load_adapters, load_model
-
-        trust = self.config.trust_remote_code
-        kind = spec.model_kind
-        if kind.load is not None:
-            tokenizer = self.tokenizer(spec) if kind.tokenizer else None
-            return kind.load(LoadRequest(spec.path, tokenizer, trust)), None, None
-        if spec.vision:
-            if spec.draft_path is not None and drafter_kind(spec.draft_path) is not None:
-                raise bad_request(
-                    f"{spec.draft_path.name} drafts from a text model's hidden states: a "
-                    "vision model drafts with a small language model (--draft-model) or "
-                    "from the context (--speculation)."
-                )
-            draft = _draft_model(spec.draft_path)
-            vision = load_vision_model(spec.path, spec.adapter_path)
-            self._split_and_read(vision, spec.path.name)
-            return vision, draft, self._mtp_head(spec, vision) if draft is None else None
-        model, _ = load_model(spec.path, lazy=True, trust_remote_code=trust)
-        batch_chunked_attention(model)
-        self._split_and_read(model, spec.path.name)
-        if spec.adapter_path:
-            model = load_adapters(model, spec.adapter_path)
-            model.eval()
-        drafter = drafter_kind(spec.draft_path) if spec.draft_path is not None else None
-        if spec.draft_path is not None and drafter == "eagle3":
-            log.info("Read an EAGLE-3 drafter from %s", spec.draft_path.name)
-            return model, None, Eagle3Drafter.load(spec.draft_path, model)
-        if spec.draft_path is not None and drafter == "dflash":
-            log.info("Read a DFlash drafter from %s", spec.draft_path.name)
-            try:
-                return model, None, DFlashDrafter.load(spec.draft_path, model)
-            except DFlashUnsupported as e:
-                raise bad_request(f"{e}: give --draft-model another drafter.") from e
-        if spec.draft_path is not None and drafter is not None:
-            raise bad_request(
-                f"{spec.draft_path.name} is a {drafter} drafter, which mlxserve does not serve: "
-                "give --draft-model a DFlash or EAGLE-3 drafter or a small language model "
-                "(a checkpoint's own MTP head is read from the model itself, see --mtp)."
-            )
-        draft = _draft_model(spec.draft_path)
-        return model, draft, self._mtp_head(spec, model) if draft is None else None
-
-    def _split_and_read(self, model: Any, name: str) -> None:
-        """Split a lazily loaded model across the ranks of a distributed server, then
-        read its weights (this rank's share of them)."""
-        if self._split is not None:
-            self._split(model)
-        read_weights(model, name)
-
-    def _mtp_head(self, spec: ModelSpec, model: Any) -> Any | None:
-        """The checkpoint's MTP head, unless --mtp is off or the model is not a chat or
-        vision model of a family whose head we read; a head that does not load is a
-        warning (the model is served without it)."""
-        if self.config.mtp == "off" or not spec.model_kind.generative or spec.adapter_path:
-            return None
-        try:
-            head = load_head(model, spec.path)
-        except Exception as e:  # the head is an extra: the model serves without it
-            log.warning(
-                "The MTP head of %s could not be read (%s): served without it", spec.path.name, e
-            )
-            return None
-        if head is not None:
-            log.info("Read a %s from %s", head.name, spec.path.name)  # "... MTP head"
-        return head
-
-
-def stored_bytes(spec: ModelSpec) -> int:
-    """What a model's weights take on disk: about what they take in memory once loaded."""
-    folders = [spec.path, *([spec.draft_path] if spec.draft_path else [])]
-    return sum(f.stat().st_size for folder in folders for f in weight_files(folder))
-
-
-def read_weights(model: Any, name: str) -> None:
-    """Read a lazily loaded model's weights into memory a share at a time, logging the
-    progress of a large one (a load of many GB takes a while, and should say so)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    arrays: list[mx.array] = [cast(mx.array, pair[1]) for pair in tree_flatten(model.parameters())]
-    total = sum(array.nbytes for array in arrays)
-    step = max(total // PROGRESS_STEPS, 1)
-    done, group_bytes = 0, 0
-    group: list[mx.array] = []
-    for array in arrays:
-        group.append(array)
-        group_bytes += array.nbytes
-        if group_bytes >= step or array is arrays[-1]:
-            mx.eval(group)
-            done += group_bytes
-            group, group_bytes = [], 0
-            if total >= PROGRESS_BYTES and done < total:
-                log.info("Loading %s: %d%% of %s", name, 100 * done // total, format_bytes(total))
-
-
-def _weight_bytes(*models: Any) -> int:
-    from mlx.utils import tree_flatten
-
-    arrays: list[Any] = [
-        pair[1] for m in models if m is not None for pair in tree_flatten(m.parameters())
-    ]
-    return sum(array.nbytes for array in arrays)
-
-
-def _load_error(spec: ModelSpec, error: Exception) -> ServiceError:
-    log.error("Loading %s failed: %s", spec.path, error)
-    return bad_request(
-        f"The model at '{spec.path.name}' could not be loaded: {error}",
-        param="model",
-        code="model_load_failed",
-    )
 
 
 def converted_root() -> Path:
@@ -665,14 +448,3 @@ def cached_hub_models() -> list[tuple[str, Path]]:
 
 def _loadable(path: Path) -> bool:
     return is_text_model(path) or KINDS.of(path) is not KINDS.fallback
-
-
-def _draft_model(path: Path | None) -> Any | None:
-    """The draft model (--draft-model) as mlx-lm loads it, mended as the model is."""
-    if path is None:
-        return None
-    from mlx_lm.utils import load_model
-
-    model = load_model(path)[0]
-    batch_chunked_attention(model)
-    return model

@@ -10,7 +10,7 @@ from functools import partial
 import numpy as np
 
 from mlxserve.engine.loop.worker import GenerationWorker
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.rerank.model import CrossEncoder, Pair, Reranker
 from mlxserve.service.embeddings import EMBED_BATCH, batches

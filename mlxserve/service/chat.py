@@ -16,7 +16,8 @@ from mlxserve.engine.generation.jobs import PromptImages
 from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
 from mlxserve.engine.generation.sampling import GenerationParams
 from mlxserve.engine.loop.worker import GenerationWorker
-from mlxserve.models.provider import ModelProvider, ModelSpec
+from mlxserve.models.provider import ModelProvider
+from mlxserve.models.spec import ModelSpec
 from mlxserve.models.tokenizer import longest_token
 from mlxserve.postprocess.output import (
     ChatMarkup,

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from mlxserve.engine.caches.token_prefix import common_prefix
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.request import ChatRequest, Message
 
 MIN_TOKENS = 256  # a shorter system prompt is not worth a prompt-cache entry of its own

@@ -12,7 +12,7 @@ import numpy as np
 from mlxserve.chat.templates import check_token_ids
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.embedding import EmbeddingModel, PartialEmbedding
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import EmbeddingRequest
 from mlxserve.service.sharing import shared_call

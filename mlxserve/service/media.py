@@ -16,7 +16,7 @@ from mlxserve.audio.transcription import TranscriptionOptions, Window
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.images.render import ImageJob
 from mlxserve.images.service import Rendered, Renders
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.rerank.service import RerankRequest, Scores, score
 
 Gone = Callable[[], bool]  # whether the client left (the work stops)

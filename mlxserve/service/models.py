@@ -13,7 +13,9 @@ from typing import Any
 from mlxserve.adapters.registry import DeclaredAdapter
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.keys.caller import current_caller, model_refused
-from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
+from mlxserve.models.loader import LoadedModel
+from mlxserve.models.provider import ModelProvider
+from mlxserve.models.spec import ModelSpec
 from mlxserve.postprocess.output import chat_markup, reasoning_markers
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found, unavailable
 from mlxserve.telemetry.record import current_request

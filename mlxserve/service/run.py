@@ -20,7 +20,7 @@ from mlxserve.engine.generation.jobs import (
 )
 from mlxserve.engine.generation.sampling import GenerationParams
 from mlxserve.engine.loop.worker import GenerationWorker
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
 from mlxserve.protocol.errors import ClientGone, unavailable
 from mlxserve.service.priority import at_idle_priority

@@ -21,7 +21,8 @@ from mlxserve.engine.generation.jobs import GenerationJob, PromptImages
 from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
 from mlxserve.engine.generation.sampling import GenerationParams
 from mlxserve.engine.loop.loop_step import LoopStep
-from mlxserve.models.provider import ModelProvider, ModelSpec
+from mlxserve.models.provider import ModelProvider
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.request import Sampling
 from mlxserve.server import idle_worker, load_served, start_worker
 from mlxserve.structured import lark

@@ -23,7 +23,7 @@ from mlxserve.api.wire import Strict, parse
 from mlxserve.images.codec import OUTPUT_FORMATS, encode, mask_keep, open_image, source_pixels
 from mlxserve.images.render import PATCH, ImageJob, image_tokens
 from mlxserve.images.service import Rendered
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.service.chat import ChatService
 from mlxserve.telemetry.record import Metered, current_request

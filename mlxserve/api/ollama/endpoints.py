@@ -33,7 +33,7 @@ from mlxserve.api.sse import NDJSONWriter, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.chat.fim import find_fim
 from mlxserve.models.demo import has_accelerator
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.postprocess.events import Content, Reasoning
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found, unavailable
 from mlxserve.protocol.request import EmbeddingRequest

@@ -20,7 +20,7 @@ from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request
 
 if TYPE_CHECKING:
     from mlxserve.api.ollama.requests import CreateRequest
-    from mlxserve.models.provider import ModelSpec
+    from mlxserve.models.spec import ModelSpec
     from mlxserve.service.chat import ChatService
 
 STORE_NAME = "ollama-names.sqlite"

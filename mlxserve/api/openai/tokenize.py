@@ -11,7 +11,7 @@ from pydantic import Field
 from mlxserve.api.openai.requests import ChatRequest, chat_request
 from mlxserve.api.responder import Responder
 from mlxserve.api.wire import Strict, parse_json_body, validate
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.service.chat import ChatService
 
 

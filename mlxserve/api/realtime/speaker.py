@@ -13,7 +13,7 @@ import numpy as np
 from mlxserve.api.realtime.wire import RATE
 from mlxserve.audio.codec import Resampler
 from mlxserve.audio.speech import SpeechRequest
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.service.media import Media
 
 # A sentence ends at . ! ? ; : (then a space) or a line break.

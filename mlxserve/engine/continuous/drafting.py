@@ -42,7 +42,7 @@ from mlxserve.engine.speculation.speculation_plan import (
     plan_speculation,
 )
 from mlxserve.engine.speculation.verify import SpeculationCounts, speculate_in
-from mlxserve.models.provider import LoadedModel
+from mlxserve.models.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxserve.engine.generation.sampling import GenerationParams
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import ServiceError, preempted
 
 

@@ -16,7 +16,7 @@ from mlxserve.engine.generation.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.loop.model_session import Session
 from mlxserve.engine.memory.adapter_residency import AdapterResidency
 from mlxserve.engine.memory.residency import RETRY_AFTER_SECONDS, Residency
-from mlxserve.models.provider import ModelSpec
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import (
     ServiceError,
     bad_request,

@@ -22,7 +22,8 @@ from mlxserve.engine.loop.loop_step import Lockstep
 from mlxserve.engine.memory.footprint import KVFootprint
 from mlxserve.engine.single.stream_session import StreamSession
 from mlxserve.engine.speculation.verify import SpeculationCounts
-from mlxserve.models.provider import LoadedModel, ModelSpec
+from mlxserve.models.loader import LoadedModel
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 
 log = logging.getLogger(__name__)

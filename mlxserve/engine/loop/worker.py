@@ -32,7 +32,9 @@ from mlxserve.engine.loop.loop_step import Lockstep, LoopStep
 from mlxserve.engine.loop.model_session import Session, SessionContext, open_session
 from mlxserve.engine.memory.adapter_residency import AdapterResidency
 from mlxserve.engine.memory.residency import Residency
-from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
+from mlxserve.models.loader import LoadedModel
+from mlxserve.models.provider import ModelProvider
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import (
     ServiceError,
     internal_error,

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from mlxserve.adapters.folder import AdapterError, read_adapter
 from mlxserve.adapters.layers import ModelAdapters, Resident
 from mlxserve.engine.memory.residency import RETRY_AFTER_SECONDS, Residency
-from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec
+from mlxserve.models.loader import LoadedModel
+from mlxserve.models.provider import ModelProvider
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found
 from mlxserve.units import format_bytes
 

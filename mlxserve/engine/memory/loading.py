@@ -17,7 +17,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxserve.models.provider import LoadedModel, ModelSpec, stored_bytes
+from mlxserve.models.loader import LoadedModel
+from mlxserve.models.spec import ModelSpec, stored_bytes
 
 log = logging.getLogger(__name__)
 

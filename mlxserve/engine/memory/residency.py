@@ -12,7 +12,9 @@ from mlxserve.engine.caches.prompt_cache import PromptCache
 from mlxserve.engine.loop.model_session import Session
 from mlxserve.engine.memory.loading import BackgroundLoads
 from mlxserve.engine.speculation.verify import SpeculationCounts
-from mlxserve.models.provider import LoadedModel, ModelProvider, ModelSpec, stored_bytes
+from mlxserve.models.loader import LoadedModel
+from mlxserve.models.provider import ModelProvider
+from mlxserve.models.spec import ModelSpec, stored_bytes
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request
 from mlxserve.units import format_bytes
 
@@ -45,7 +47,7 @@ class Residency:
         self._waiting = waiting
         self._only = only
         self._in_background = in_background
-        self._loads = BackgroundLoads(provider.read, wake)
+        self._loads = BackgroundLoads(provider.loader.read, wake)
         self.sessions: dict[ModelSpec, Session] = {}
 
     def open_sessions(self) -> list[Session]:

@@ -15,7 +15,8 @@ from mlxserve.engine.memory.footprint import KVFootprint
 from mlxserve.engine.single.text_run import SingleRun, generate_single
 from mlxserve.engine.single.vision_run import generate_vision
 from mlxserve.engine.speculation.verify import SpeculationCounts
-from mlxserve.models.provider import LoadedModel, ModelSpec
+from mlxserve.models.loader import LoadedModel
+from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request, internal_error
 
 log = logging.getLogger(__name__)
