@@ -244,9 +244,9 @@ def test_a_stream_goes_on_while_another_model_loads(tiny_model, model_dir, monke
     asked for the model is answered once it is in."""
     from helpers.inprocess import in_process
 
-    from mlxserve.models.provider import ModelProvider
+    from mlxserve.models.loader import ModelLoader
 
-    read, loading, release = ModelProvider.read, threading.Event(), threading.Event()
+    read, loading, release = ModelLoader.read, threading.Event(), threading.Event()
 
     def held_read(self, spec):
         if spec.path.name == "tiny-copy":
@@ -254,7 +254,7 @@ def test_a_stream_goes_on_while_another_model_loads(tiny_model, model_dir, monke
             release.wait(60)
         return read(self, spec)
 
-    monkeypatch.setattr(ModelProvider, "read", held_read)
+    monkeypatch.setattr(ModelLoader, "read", held_read)
     with in_process(tiny_model, monkeypatch, model_dirs=(model_dir,)) as client:
         conn, response = open_stream(
             client.url, CHAT, {**endless(tiny_model, max_tokens=3000), "stream": True}
