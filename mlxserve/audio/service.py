@@ -1,5 +1,5 @@
 """Audio work on the generation thread, a bounded piece at a time (see
-service/sharing.py): a transcription's forward passes, a synthesis's parts."""
+engine/loop/sharing.py): a transcription's forward passes, a synthesis's parts."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from mlxserve.audio.transcription import (
     Window,
 )
 from mlxserve.engine.generation.sampling import reseed_random
+from mlxserve.engine.loop.sharing import shared_call
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
-from mlxserve.service.sharing import shared_call
 
 SPEECH_SEED = 0
 

@@ -1,5 +1,5 @@
 """Renders on the generation thread, a piece at a time (a DiT block, a VAE convolution:
-see render.py) between the chat streams' steps (service/sharing.py): a chat stream keeps
+see render.py) between the chat streams' steps (engine/loop/sharing.py): a chat stream keeps
 its pace while an image renders, and a client that leaves stops its render at the next
 piece. Renders take turns, one at a time: two at once would each take twice as long and
 hold twice the memory."""
@@ -13,11 +13,11 @@ from functools import partial
 
 import numpy as np
 
+from mlxserve.engine.loop.sharing import shared_call
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.images.render import ImageJob, ImageModel, Render
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import ClientGone
-from mlxserve.service.sharing import shared_call
 
 WAIT_POLL_SECONDS = 0.1  # how often a request waiting its turn looks for its client
 

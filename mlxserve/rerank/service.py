@@ -9,12 +9,11 @@ from functools import partial
 
 import numpy as np
 
+from mlxserve.engine.loop.sharing import EMBED_BATCH, batches, shared_call
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.rerank.model import CrossEncoder, Pair, Reranker
-from mlxserve.service.embeddings import EMBED_BATCH, batches
-from mlxserve.service.sharing import shared_call
 
 
 @dataclass(frozen=True)

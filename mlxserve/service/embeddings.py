@@ -10,14 +10,13 @@ from functools import partial
 import numpy as np
 
 from mlxserve.chat.templates import check_token_ids
+from mlxserve.engine.loop.sharing import EMBED_BATCH, batches, shared_call
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.embedding import EmbeddingModel, PartialEmbedding
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.protocol.request import EmbeddingRequest
-from mlxserve.service.sharing import shared_call
 
-EMBED_BATCH = 32  # the most inputs embedded in one forward pass
 # Tokens kept beyond those a truncation asks for when a text is first cut by characters:
 # the cut may tokenize differently near where it falls, never this far from it.
 CUT_MARGIN = 16
@@ -127,23 +126,6 @@ def _embed_part(
     if last:
         part.vector = np.array(model.finish(part))[0]
     return part
-
-
-def batches(inputs: list[list[int]], tokens: int, most: int) -> list[list[int]]:
-    """The inputs' indices in batches for one forward pass each: shortest first (less
-    padding), each of at most `most` inputs and `tokens` tokens padded (an input longer
-    than that goes alone), so that no pass holds the generation thread much longer than a
-    chat prefill chunk."""
-    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
-    out: list[list[int]] = []
-    for i in order:
-        batch = out[-1] if out else None
-        longest = len(inputs[i])  # the longest so far: inputs come shortest first
-        if batch is None or len(batch) >= most or (len(batch) + 1) * longest > tokens:
-            out.append([i])
-        else:
-            batch.append(i)
-    return out
 
 
 def shortened(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:

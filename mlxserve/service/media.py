@@ -1,6 +1,6 @@
 """The work of the models that do not chat (speech to text, text to speech, reranking,
 images), as the edge asks for it: each runs in pieces on the generation thread between
-the chat streams' steps (service/sharing.py). With ChatService and ServedModels, the
+the chat streams' steps (engine/loop/sharing.py). With ChatService and ServedModels, the
 edge's one door into the core."""
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def test_pooling_configs(tmp_path):
 
 
 def test_embedding_batches_are_bounded_and_cover_every_input():
-    from mlxserve.service.embeddings import batches
+    from mlxserve.engine.loop.sharing import batches
 
     inputs = [[1] * n for n in (5, 300, 1, 40, 40, 40, 2, 600)]
     found = batches(inputs, tokens=100, most=3)
