@@ -68,8 +68,7 @@ class Route(Generic[E]):
 
     @property
     def spellings(self) -> tuple[str, ...]:
-        bare = (self.path.removeprefix("/v1"),) if self.path.startswith("/v1/") else ()
-        return (self.path, *bare, *self.also)
+        return (*spellings(self.path), *self.also)
 
     @property
     def takes_body(self) -> bool:
@@ -85,6 +84,11 @@ class Route(Generic[E]):
         if self.body_limit is None:
             return config.max_body_bytes
         return max(config.max_body_bytes, self.body_limit(config))
+
+
+def spellings(path: str) -> tuple[str, ...]:
+    """The paths a route answers at: a path under /v1 answers without it too."""
+    return (path, path.removeprefix("/v1")) if path.startswith("/v1/") else (path,)
 
 
 def upload(limit: Callable[[ServerConfig], int]) -> Callable[[ServerConfig], int]:
@@ -119,4 +123,4 @@ class SocketRoute(Generic[E]):
 
     @property
     def spellings(self) -> tuple[str, ...]:
-        return (self.path, self.path.removeprefix("/v1"))
+        return spellings(self.path)
