@@ -93,7 +93,7 @@ def drafting_cost() -> None:
     import mtp_fixture
     from mlx_lm.utils import _get_classes
 
-    from mlxserve.drafters.mtp_load import FAMILIES, new_head
+    from mlxserve.engine.drafters.mtp_load import FAMILIES, new_head
     from mlxserve.engine.speculation.draft_costs import verify_cost
 
     config = {

@@ -16,22 +16,22 @@ def ready_screen(
 ) -> str:
     """`origin`: http://host:port; `warning`: what the operator must know (an exposed
     server). The first line is what scripts wait for."""
-    provider, worker = service.provider, service.worker
-    names = list(provider.served)
-    in_memory = {m.spec: m.nbytes for m in provider.resident}
+    catalog, worker = service.catalog, service.worker
+    names = list(catalog.served)
+    in_memory = {m.spec: m.nbytes for m in worker.models.resident}
     lines = [
         f"mlxserve is ready: {origin}/v1  (models: {', '.join(names)})",
         "",
         f"  Web app   {origin}/",
         f"  API       {origin}/v1  (OpenAI Chat Completions and Responses, Anthropic Messages)",
     ]
-    for i, (name, spec) in enumerate(provider.served.items()):
-        context = provider.context_length(spec)
+    for i, (name, spec) in enumerate(catalog.served.items()):
+        context = catalog.context_length(spec)
         parts = [spec.kind, f"{context:,} tokens of context" if context else "context unknown"]
         parts.append(f"{format_bytes(in_memory.get(spec, 0))} in memory")
         lines.append(f"  {'Models' if i == 0 else '':<9} {name}: {', '.join(parts)}")
     by_base: dict[str, list[str]] = {}
-    for adapter in provider.adapters.all():
+    for adapter in catalog.adapters.all():
         by_base.setdefault(adapter.base, []).append(adapter.name)
     for i, (base, names_on_base) in enumerate(by_base.items()):
         lines.append(f"  {'Adapters' if i == 0 else '':<9} {', '.join(names_on_base)} (on {base})")

@@ -1,4 +1,4 @@
-"""Wires the HTTP server, the model provider and the generation thread together."""
+"""Wires the HTTP server, the model catalog and the generation thread together."""
 
 from __future__ import annotations
 
@@ -33,8 +33,11 @@ from mlxserve.engine.continuous.continuous_batch import ContinuousBatchLimits
 from mlxserve.engine.loop.loop_step import Lockstep
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.engine.memory.footprint import CACHE_LIMIT_SHARE, device_memory
+from mlxserve.engine.memory.loader import ModelLoader, Split
+from mlxserve.engine.memory.resident_set import ResidentSet
+from mlxserve.models.catalog import ModelCatalog
 from mlxserve.models.demo import cache_root
-from mlxserve.models.provider import ModelProvider, resolve_model_path
+from mlxserve.models.locations import resolve_model_path
 from mlxserve.protocol.errors import ServiceError
 from mlxserve.registration import register_all
 from mlxserve.service.chat import ChatService
@@ -129,11 +132,11 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
     if cluster is not None and cluster.hub is not None:
         lockstep = Leader(cluster.world, cluster.hub, faults)
         budget = cluster.startup.memory_budget
-    provider = ModelProvider(config, paths, cluster.split if cluster else None)
-    worker = start_worker(config, provider, budget, lockstep)
+    catalog = ModelCatalog(config, paths)
+    worker = start_worker(config, catalog, cluster.split if cluster else None, budget, lockstep)
     if cluster is not None and cluster.hub is not None:
         worker.call(cluster.seed)
-        cluster.check_even(worker.call(lambda: worker.residency.accounting(provider.default)))
+        cluster.check_even(worker.call(lambda: worker.residency.accounting(catalog.default)))
         cluster.hub.watch(config.distributed_timeout, faults)
         # Its launcher gone, rank 0 shuts down as on SIGTERM (and the group with it).
         watch_launcher(lambda: os.kill(os.getpid(), signal.SIGTERM))
@@ -142,12 +145,12 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
         running=lambda: worker.running,
         waiting=lambda: worker.waiting,
         prompt_cache_bytes=lambda: worker.prompt_cache.nbytes,
-        model_bytes=provider.memory_by_model,
+        model_bytes=worker.models.memory_by_model,
         mlx_active_bytes=mx.get_active_memory,
         mlx_cache_bytes=mx.get_cache_memory,
         speculation=lambda: [
             (
-                provider.name(spec),
+                catalog.name(spec),
                 counts.drafted,
                 counts.accepted,
                 counts.verified,
@@ -156,7 +159,7 @@ def build_server(config: ServerConfig, world: World | None = None) -> MLXServer:
             for spec, counts in worker.residency.speculation()
         ],
     )
-    server = MLXServer(config, Routes(ChatService(config, provider, worker), metrics))
+    server = MLXServer(config, Routes(ChatService(config, catalog, worker), metrics))
     faults.attach(worker, server.drain)
     return server
 
@@ -169,16 +172,24 @@ def _models_and_budget(config: ServerConfig) -> tuple[list[Path], int]:
 
 
 def start_worker(
-    config: ServerConfig, provider: ModelProvider, budget: int, lockstep: Lockstep | None
+    config: ServerConfig,
+    catalog: ModelCatalog,
+    split: Split | None,
+    budget: int,
+    lockstep: Lockstep | None,
 ) -> GenerationWorker:
     """The generation thread, started, with every served model loaded."""
-    worker = idle_worker(config, provider, budget, lockstep)
-    load_served(worker, provider)
+    worker = idle_worker(config, catalog, split, budget, lockstep)
+    load_served(worker)
     return worker
 
 
 def idle_worker(
-    config: ServerConfig, provider: ModelProvider, budget: int, lockstep: Lockstep | None
+    config: ServerConfig,
+    catalog: ModelCatalog,
+    split: Split | None,
+    budget: int,
+    lockstep: Lockstep | None,
 ) -> GenerationWorker:
     """The generation thread, started, with MLX's buffer cache bounded; no model yet."""
     disk = None
@@ -195,15 +206,16 @@ def idle_worker(
         mtp=config.mtp,
     )
     capacity = config.max_concurrent + config.max_queue
-    worker = GenerationWorker(provider, cache, limits, capacity, budget, lockstep=lockstep)
+    models = ResidentSet(catalog, ModelLoader(config, catalog.tokenizer, split))
+    worker = GenerationWorker(models, cache, limits, capacity, budget, lockstep=lockstep)
     worker.start()
     worker.call(lambda: _bound_buffer_cache(config, budget))
     return worker
 
 
-def load_served(worker: GenerationWorker, provider: ModelProvider) -> None:
+def load_served(worker: GenerationWorker) -> None:
     """Load every served model on the generation thread (a bad one ends the server)."""
-    for name, spec in provider.served.items():
+    for name, spec in worker.models.catalog.served.items():
         start = time.perf_counter()
         try:
             worker.call(functools.partial(worker.load, spec))
@@ -224,12 +236,12 @@ def follow(config: ServerConfig, world: World) -> None:
     # From the first moment: rank 0 starts watching once every rank has loaded, and a
     # heartbeat started only then could come late.
     cluster.link.beat(on_lost=lambda: _leave(1, "Lost the line to rank 0; stopping"))
-    provider = ModelProvider(config, paths, cluster.split)
-    spec = provider.default
+    catalog = ModelCatalog(config, paths)
+    spec = catalog.default
     lockstep = Follower(
-        world, cluster.link, spec, provider.tokenizer(spec), lambda why: _leave(1, why)
+        world, cluster.link, spec, catalog.tokenizer(spec), lambda why: _leave(1, why)
     )
-    worker = start_worker(config, provider, cluster.startup.memory_budget, lockstep)
+    worker = start_worker(config, catalog, cluster.split, cluster.startup.memory_budget, lockstep)
     worker.call(cluster.seed)
     cluster.check_even(worker.call(lambda: worker.residency.accounting(spec)))
     # Ctrl-C reaches every rank the launcher started on this machine: rank 0 stops the

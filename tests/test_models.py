@@ -1,5 +1,6 @@
-"""ModelProvider end to end: listing, loading by name, allowed folders, failed loads, the HF
-cache; and the model list in Anthropic's shape, through the `anthropic` SDK."""
+"""The model catalog and the resident set end to end: listing, loading by name, allowed
+folders, failed loads, the HF cache; and the model list in Anthropic's shape, through the
+`anthropic` SDK."""
 
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ def test_a_stream_goes_on_while_another_model_loads(tiny_model, model_dir, monke
     asked for the model is answered once it is in."""
     from helpers.inprocess import in_process
 
-    from mlxserve.models.loader import ModelLoader
+    from mlxserve.engine.memory.loader import ModelLoader
 
     read, loading, release = ModelLoader.read, threading.Event(), threading.Event()
 

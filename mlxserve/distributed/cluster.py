@@ -86,7 +86,7 @@ class Cluster:
         mx.random.seed(self.startup.seed)
 
     def split(self, model: Any) -> None:
-        """Split a model being loaded across the ranks (ModelProvider's `split`)."""
+        """Split a model being loaded across the ranks (ModelLoader's `split`)."""
         self.mode = split_model(model, self.world, self.mode)
         log.info("Split across %d ranks: %s parallelism", self.world.size, self.mode)
 

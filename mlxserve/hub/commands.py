@@ -23,7 +23,7 @@ from mlxserve.models.capabilities import (
     weight_files,
 )
 from mlxserve.models.kinds import KINDS
-from mlxserve.models.provider import cached_hub_models, converted_root
+from mlxserve.models.locations import cached_hub_models, converted_root
 from mlxserve.registration import register_all
 from mlxserve.units import format_bytes
 

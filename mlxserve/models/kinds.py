@@ -30,7 +30,7 @@ class ModelKind:
     # Folders are tried against the kinds in this order (lowest first): a sentence
     # transformer is an embedding model even when its network is a chat model's.
     order: int
-    # The model from its folder; None: a language model, loaded by the provider with its
+    # The model from its folder; None: a language model, loaded by the model loader with its
     # draft model, drafting head, adapters and distributed split.
     load: Callable[[LoadRequest], Any] | None = None
     tokenizer: bool = True  # reads a text tokenizer (audio models bring their own)

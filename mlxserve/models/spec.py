@@ -3,11 +3,15 @@ they take on disk."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlxserve.models.capabilities import weight_files
 from mlxserve.models.kinds import KINDS, ModelKind
+from mlxserve.protocol.errors import ServiceError, bad_request
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,3 +57,12 @@ def stored_bytes(spec: ModelSpec) -> int:
     """What a model's weights take on disk: about what they take in memory once loaded."""
     folders = [spec.path, *([spec.draft_path] if spec.draft_path else [])]
     return sum(f.stat().st_size for folder in folders for f in weight_files(folder))
+
+
+def load_error(spec: ModelSpec, error: Exception) -> ServiceError:
+    log.error("Loading %s failed: %s", spec.path, error)
+    return bad_request(
+        f"The model at '{spec.path.name}' could not be loaded: {error}",
+        param="model",
+        code="model_load_failed",
+    )

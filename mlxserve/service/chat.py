@@ -16,7 +16,7 @@ from mlxserve.engine.generation.jobs import PromptImages
 from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
 from mlxserve.engine.generation.sampling import GenerationParams
 from mlxserve.engine.loop.worker import GenerationWorker
-from mlxserve.models.provider import ModelProvider
+from mlxserve.models.catalog import ModelCatalog
 from mlxserve.models.spec import ModelSpec
 from mlxserve.models.tokenizer import longest_token
 from mlxserve.postprocess.output import (
@@ -78,7 +78,7 @@ class Prepared:
 @dataclass
 class ChatService:
     config: ServerConfig
-    provider: ModelProvider
+    catalog: ModelCatalog
     worker: GenerationWorker
     _system_ends: SystemEnds = field(default_factory=SystemEnds, init=False)
     # the edge's door to what is not chat: the models, and the other models' work
@@ -86,7 +86,7 @@ class ChatService:
     media: Media = field(init=False)
 
     def __post_init__(self) -> None:
-        self.models = ServedModels(self.provider, self.worker)
+        self.models = ServedModels(self.catalog, self.worker)
         self.media = Media(self.worker, self.config.prefill_chunk)
 
     def prepare_chat(self, request: ChatRequest, reasoning_format: str | None = None) -> Prepared:
@@ -98,7 +98,7 @@ class ChatService:
             request = self._within_text_bound(spec, tokenizer, request)
         self._check_text(spec, tokenizer, request.text_length, request.messages_param)
         tools = request.tool_definitions
-        config = self.provider.config_for(spec)
+        config = self.catalog.config_for(spec)
         injected = injects_tools(tokenizer, config.chat_template, tools)
         prompt, images = self._render(spec, tokenizer, request, injected)
         if request.drop_oldest_to_fit:
@@ -145,7 +145,7 @@ class ChatService:
             make_output,
             images,
             checkpoints,
-            self.provider.context_length(spec),
+            self.catalog.context_length(spec),
             adapter,
         )
 
@@ -157,7 +157,7 @@ class ChatService:
         """The request's prompt tokens, rendered exactly as for a reply."""
         spec, tokenizer = self.model(request.model)
         self._check_text(spec, tokenizer, request.text_length, request.messages_param)
-        template = self.provider.config_for(spec).chat_template
+        template = self.catalog.config_for(spec).chat_template
         injected = injects_tools(tokenizer, template, request.tool_definitions)
         return spec, self._render(spec, tokenizer, request, injected)[0]
 
@@ -174,7 +174,7 @@ class ChatService:
         return spec, tokenizer.decode(tokens)
 
     def token_strings(self, spec: ModelSpec, tokens: list[int]) -> list[str]:
-        return self.provider.tokenizer(spec).convert_ids_to_tokens(tokens)
+        return self.catalog.tokenizer(spec).convert_ids_to_tokens(tokens)
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         spec, tokenizer = self.generator(request.model)
@@ -188,7 +188,7 @@ class ChatService:
             context = sum(len(c.text) + len(c.filename) for c in infill.extra)
             chars = len(infill.suffix) + len(infill.after_middle) + context
             self._check_text(spec, tokenizer, chars, infill.param)
-            name = request.model or self.provider.name(spec)
+            name = request.model or self.catalog.name(spec)
             prompts, stop_tokens = infill_prompts(tokenizer, request, infill, name)
         longest = max(len(p) for p in prompts)
         sequences = request.n * len(prompts)
@@ -205,7 +205,7 @@ class ChatService:
             request.n,
             TokenTexts(tokenizer),
             lambda _: TextOutput(),
-            context_length=self.provider.context_length(spec),
+            context_length=self.catalog.context_length(spec),
             adapter=self._adapter(request, spec),
         )
 
@@ -258,7 +258,7 @@ class ChatService:
         generation stops when the context is full (clients such as Claude Code ask for
         more output than a local model's context could ever hold)."""
         wanted = request.max_tokens or self.config.defaults.max_tokens
-        limit = self.provider.context_length(spec)
+        limit = self.catalog.context_length(spec)
         if limit is None:
             return wanted
         if prompt_tokens >= limit:
@@ -267,7 +267,7 @@ class ChatService:
 
     def _text_bound(self, spec: ModelSpec, tokenizer) -> int | None:
         """The most characters a prompt that fits the context can have (see longest_token)."""
-        limit = self.provider.context_length(spec)
+        limit = self.catalog.context_length(spec)
         return None if limit is None else limit * longest_token(tokenizer)
 
     def _check_text(self, spec: ModelSpec, tokenizer, chars: int, param: str) -> None:
@@ -295,7 +295,7 @@ class ChatService:
     def embed(
         self, request: EmbeddingRequest, client_gone: Callable[[], bool] = lambda: False
     ) -> tuple[ModelSpec, Embeddings]:
-        if self.provider.adapter(request.model) is not None:
+        if self.catalog.adapter(request.model) is not None:
             raise bad_request(
                 f"'{request.model}' is an adapter: adapters apply to generation, not to "
                 "embeddings.",
@@ -305,8 +305,8 @@ class ChatService:
         spec = self.models.resolve_kind(
             request.model, "embedding", "it does not compute embeddings", "model_not_embedding"
         )
-        tokenizer = self.provider.tokenizer(spec)
-        limit = self.provider.context_length(spec)
+        tokenizer = self.catalog.tokenizer(spec)
+        limit = self.catalog.context_length(spec)
         if limit is not None and request.keep_last_tokens is not None:
             # truncated, not refused: cut by characters first, so as bounded as the guard
             request = cut_for_truncation(request, limit, longest_token(tokenizer))
@@ -332,16 +332,16 @@ class ChatService:
                 param="model",
                 code="model_not_generative",
             )
-        return spec, self.provider.tokenizer(spec)
+        return spec, self.catalog.tokenizer(spec)
 
     def _adapter(self, request: GenerationRequest, spec: ModelSpec) -> str | None:
         """The served adapter a request runs under: its `model`'s, or the one its
         `adapter` field names (by name or folder, on the model it names); None: the
         base."""
-        named = self.provider.adapter(request.model)
+        named = self.catalog.adapter(request.model)
         if request.adapter is None:
             return named.name if named is not None else None
-        adapters = self.provider.adapters
+        adapters = self.catalog.adapters
         chosen = adapters.get(request.adapter) or adapters.by_path(request.adapter)
         if chosen is None:
             raise not_found(
@@ -350,7 +350,7 @@ class ChatService:
                 param="adapters",
                 code="adapter_not_found",
             )
-        if self.provider.served[chosen.base] != spec or (named and named != chosen):
+        if self.catalog.served[chosen.base] != spec or (named and named != chosen):
             raise bad_request(
                 f"The adapter '{chosen.name}' runs on {chosen.base}, not on the model "
                 f"'{request.model}' this request names.",
@@ -361,7 +361,7 @@ class ChatService:
     def model(self, requested: str | None):
         """The spec and tokenizer of the model a request names (404 if not servable)."""
         spec = self.models.resolve(requested)
-        return spec, self.provider.tokenizer(spec)
+        return spec, self.catalog.tokenizer(spec)
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
         """The request without its oldest turns (each up to a user message; system turns
@@ -384,7 +384,7 @@ class ChatService:
         return best
 
     def _fits(self, spec: ModelSpec, request: ChatRequest, prompt: list[int]) -> bool:
-        limit = self.provider.context_length(spec)
+        limit = self.catalog.context_length(spec)
         return limit is None or len(prompt) + _answer_room(request, limit) <= limit
 
     def _cut_last_turn(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):
@@ -392,7 +392,7 @@ class ChatService:
         as it takes to fit: each cut scaled from the text's tokens as measured, then one
         step back up where the text's density left room (a context error follows where
         even its empty turn does not fit)."""
-        limit = self.provider.context_length(spec)
+        limit = self.catalog.context_length(spec)
         if limit is None or not request.messages or self._fits(spec, request, rendered[0]):
             return request, rendered
         room = limit - _answer_room(request, limit)
@@ -419,13 +419,13 @@ class ChatService:
         return request, rendered
 
     def _render(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected: bool):
-        config = self.provider.config_for(spec)
+        config = self.catalog.config_for(spec)
         template_args, template = config.chat_template_args, config.chat_template
         if not spec.vision:
             return render_chat(tokenizer, request, template_args, template, injected), None
         vision = VisionChat(
             tokenizer,
-            self.provider.processor(spec),
+            self.catalog.processor(spec),
             spec.path,
             ImageLimits.from_config(self.config),
         )

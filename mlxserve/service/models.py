@@ -12,10 +12,10 @@ from typing import Any
 
 from mlxserve.adapters.registry import DeclaredAdapter
 from mlxserve.engine.loop.worker import GenerationWorker
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.keys.caller import current_caller, model_refused
-from mlxserve.models.loader import LoadedModel
-from mlxserve.models.provider import ModelProvider
-from mlxserve.models.spec import ModelSpec
+from mlxserve.models.catalog import ModelCatalog
+from mlxserve.models.spec import ModelSpec, stored_bytes
 from mlxserve.postprocess.output import chat_markup, reasoning_markers
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found, unavailable
 from mlxserve.telemetry.record import current_request
@@ -34,7 +34,7 @@ class Load:
 
 @dataclass
 class ServedModels:
-    provider: ModelProvider
+    catalog: ModelCatalog
     worker: GenerationWorker
 
     # What a request may name -------------------------------------------------------------
@@ -44,9 +44,9 @@ class ServedModels:
         caller's key may not use it), noted in the request's record."""
         if not self.worker.alive:
             raise unavailable("The generation thread is not running.")
-        spec = self.provider.resolve(requested)
-        adapter = self.provider.adapter(requested)
-        base = self.provider.name(spec)
+        spec = self.catalog.resolve(requested)
+        adapter = self.catalog.adapter(requested)
+        base = self.catalog.name(spec)
         name = adapter.name if adapter is not None else base
         if not current_caller().allows(requested, name, base):
             raise model_refused(requested or name)
@@ -59,7 +59,7 @@ class ServedModels:
         that says what it is and `refusal` (what it does not do)."""
         spec = self.resolve(requested)
         if spec.kind != kind:
-            name = requested or self.provider.name(spec)
+            name = requested or self.catalog.name(spec)
             raise bad_request(
                 f"The model '{name}' is a {spec.kind} model; {refusal}.", "model", code
             )
@@ -67,12 +67,12 @@ class ServedModels:
 
     def spec_of(self, name: str) -> ModelSpec:
         """The spec a name stands for, whoever asks (a 404 if none)."""
-        return self.provider.resolve(name)
+        return self.catalog.resolve(name)
 
     def knows(self, name: str) -> bool:
         """Whether the name is a model this server can serve (whoever asks)."""
         try:
-            self.provider.resolve(name)
+            self.catalog.resolve(name)
         except ServiceError:
             return False
         return True
@@ -80,38 +80,36 @@ class ServedModels:
     @property
     def alias(self) -> str:
         """The name of the default model (the first --model, or its --alias)."""
-        return self.provider.alias
+        return self.catalog.alias
 
     def name(self, spec: ModelSpec) -> str:
-        return self.provider.name(spec)
+        return self.catalog.name(spec)
 
     def served(self) -> dict[str, ModelSpec]:
         """The --model ones, by name."""
-        return dict(self.provider.served)
+        return dict(self.catalog.served)
 
     def listed(self) -> dict[str, ModelSpec]:
         """Every model /v1/models lists, by name."""
-        return self.provider.listed()
+        return self.catalog.listed()
 
     def first_of_kind(self, kind: str) -> str | None:
         """The first --model of a kind (what a request naming none of its kind gets)."""
-        return next(
-            (name for name, spec in self.provider.served.items() if spec.kind == kind), None
-        )
+        return next((name for name, spec in self.catalog.served.items() if spec.kind == kind), None)
 
     def tokenizer(self, spec: ModelSpec) -> Any:
-        return self.provider.tokenizer(spec)
+        return self.catalog.tokenizer(spec)
 
     def context_length(self, spec: ModelSpec) -> int | None:
-        return self.provider.context_length(spec)
+        return self.catalog.context_length(spec)
 
     def adapter(self, requested: str | None) -> DeclaredAdapter | None:
         """The served adapter a name stands for, if it stands for one."""
-        return self.provider.adapter(requested)
+        return self.catalog.adapter(requested)
 
     def find_adapter(self, given: str) -> DeclaredAdapter | None:
         """A served adapter by its name or its folder."""
-        adapters = self.provider.adapters
+        adapters = self.catalog.adapters
         return adapters.get(given) or adapters.by_path(given)
 
     # The model list ------------------------------------------------------------------------
@@ -119,29 +117,26 @@ class ServedModels:
     def entries(self) -> list[dict]:
         """Every servable model the caller may use (the --model ones first) with its
         capabilities, then the adapters (with their base's)."""
-        provider, caller = self.provider, current_caller()
+        catalog, caller = self.catalog, current_caller()
         models = [
-            {**provider.model_entry(name, spec), "capabilities": self.capabilities(spec)}
-            for name, spec in provider.listed().items()
+            {**self._model_entry(name, spec), "capabilities": self.capabilities(spec)}
+            for name, spec in catalog.listed().items()
             if caller.allows(name)
         ]
         return models + [
             {
-                **provider.adapter_entry(adapter),
-                "capabilities": self.capabilities(provider.served[adapter.base]),
+                **self._adapter_entry(adapter),
+                "capabilities": self.capabilities(catalog.served[adapter.base]),
             }
-            for adapter in provider.adapters.all()
+            for adapter in catalog.adapters.all()
             if caller.allows(adapter.name, adapter.base)
         ]
 
     def entry(self, requested: str) -> dict:
         """The /v1/models entry of the model (or adapter) a request's name stands for."""
-        provider = self.provider
-        adapter = provider.adapter(requested)
-        spec = provider.resolve(requested)
-        entry = (
-            provider.adapter_entry(adapter) if adapter else provider.model_entry(requested, spec)
-        )
+        adapter = self.catalog.adapter(requested)
+        spec = self.catalog.resolve(requested)
+        entry = self._adapter_entry(adapter) if adapter else self._model_entry(requested, spec)
         return {**entry, "capabilities": self.capabilities(spec)}
 
     def capabilities(self, spec: ModelSpec) -> dict:
@@ -150,14 +145,14 @@ class ServedModels:
         its tokenizer; null for a model whose tokenizer has not been loaded yet."""
         if not spec.generative:
             return {"tools": False, "reasoning": False}
-        provider = self.provider
-        served = spec in provider.served.values()
-        tokenizer = provider.tokenizer(spec) if served else provider.loaded_tokenizer(spec)
+        catalog = self.catalog
+        served = spec in catalog.served.values()
+        tokenizer = catalog.tokenizer(spec) if served else catalog.loaded_tokenizer(spec)
         if tokenizer is None:
             return {"tools": True, "reasoning": None}
         markup = chat_markup(
             tokenizer,
-            reasoning_parser=provider.config_for(spec).reasoning_parser,
+            reasoning_parser=catalog.config_for(spec).reasoning_parser,
             tool_parser=None,
             tools_in_request=None,
         )
@@ -165,47 +160,86 @@ class ServedModels:
 
     def state(self, name: str) -> dict:
         """Whether a model (or an adapter) is resident now, and pinned."""
-        provider = self.provider
-        adapter = provider.adapter(name)
+        adapter = self.catalog.adapter(name)
         if adapter is not None:
-            entry = provider.adapter_entry(adapter)
+            entry = self._adapter_entry(adapter)
             return {
                 "id": name,
                 "object": "model",
                 "state": entry["state"],
                 "pinned": entry["pinned"],
             }
-        spec = provider.resolve(name)
+        spec = self.catalog.resolve(name)
         state = "loaded" if self.is_resident(spec) else "not-loaded"
-        return {"id": name, "object": "model", "state": state, "pinned": provider.pinned(spec)}
+        pinned = self.worker.models.pinned(spec)
+        return {"id": name, "object": "model", "state": state, "pinned": pinned}
 
     def load_now(self) -> Load:
-        provider, worker, caller = self.provider, self.worker, current_caller()
-        in_memory = {m.spec: m.nbytes for m in provider.resident}
+        catalog, worker, caller = self.catalog, self.worker, current_caller()
+        in_memory = {m.spec: m.nbytes for m in worker.models.resident}
         models = [
-            {**provider.model_entry(name, spec), "memory_bytes": in_memory.get(spec, 0)}
-            for name, spec in provider.listed().items()
-        ] + [provider.adapter_entry(adapter) for adapter in provider.adapters.all()]
+            {**self._model_entry(name, spec), "memory_bytes": in_memory.get(spec, 0)}
+            for name, spec in catalog.listed().items()
+        ] + [self._adapter_entry(adapter) for adapter in catalog.adapters.all()]
         memory = {
             "budget_bytes": worker.memory_budget,
-            "weights_bytes": provider.weight_bytes(),
+            "weights_bytes": worker.models.weight_bytes(),
             "kv_cache_bytes": worker.kv_bytes,
             "prompt_cache_bytes": worker.prompt_cache.nbytes,
         }
         return Load(
-            next(iter(provider.served)),
+            next(iter(catalog.served)),
             worker.running,
             worker.waiting,
             memory,
             [m for m in models if caller.allows(m["id"], m.get("base"))],
         )
 
+    def _model_entry(self, model_id: str, spec: ModelSpec) -> dict:
+        """A model as /v1/models lists it: `input_modalities` says whether it takes images
+        (as OpenRouter's model list does), `state` whether it is in memory, `kind` and
+        `context_length` (also as vLLM spells it, `max_model_len`) what a client needs to
+        use it; `pinned` and `size_bytes` (its weights on disk) what the web app shows."""
+        context = self.catalog.context_length(spec)
+        resident = any(m.spec.path == spec.path for m in self.worker.models.resident)
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "mlxserve",
+            "kind": spec.kind,
+            "input_modalities": ["text", "image"] if spec.vision else ["text"],
+            "context_length": context,
+            "max_model_len": context,
+            "state": "loaded" if resident else "not-loaded",
+            "pinned": self.worker.models.pinned(spec),
+            "size_bytes": stored_bytes(spec),
+        }
+
+    def _adapter_entry(self, adapter: DeclaredAdapter) -> dict:
+        """An adapter as /v1/models lists it: its base's entry, as `kind: "adapter"`
+        with the `base` it runs on."""
+        base = self.catalog.served[adapter.base]
+        loaded = next((m for m in self.worker.models.resident if m.spec == base), None)
+        held = loaded.adapters.resident if loaded is not None and loaded.adapters else []
+        resident = next((r for r in held if r.name == adapter.name), None)
+        size = sum(f.stat().st_size for f in adapter.path.glob("*.safetensors"))
+        return {
+            **self._model_entry(adapter.name, base),
+            "kind": "adapter",
+            "base": adapter.base,
+            "state": "loaded" if resident is not None else "not-loaded",
+            "pinned": self.catalog.adapters.pinned(adapter.name),
+            "size_bytes": size,
+            "memory_bytes": resident.nbytes if resident is not None else 0,
+        }
+
     def health(self) -> tuple[int, dict]:
         """GET /health: 503 while the generation thread is down (models may be unloaded
         when idle and load on demand: serving needs the thread)."""
         if not self.worker.alive:
             return 503, {"status": "unavailable"}
-        body: dict[str, Any] = {"status": "ok", "model": self.provider.alias}
+        body: dict[str, Any] = {"status": "ok", "model": self.catalog.alias}
         cache = self.worker.prompt_cache
         if cache.has_disk:
             failure = cache.disk_failure
@@ -216,26 +250,26 @@ class ServedModels:
 
     @property
     def resident(self) -> list[LoadedModel]:
-        return self.provider.resident
+        return self.worker.models.resident
 
     def is_resident(self, spec: ModelSpec) -> bool:
-        return any(m.spec == spec for m in self.provider.resident)
+        return self.worker.models.holds(spec)
 
     def keep_alive(self, spec: ModelSpec, seconds: float | None) -> None:
         """Keep `spec` resident this long once idle (math.inf: until unloaded; None: the
         server's --idle-unload-seconds)."""
-        self.provider.keep_for(spec, seconds)
+        self.worker.models.keep_for(spec, seconds)
 
     def keep_time(self, spec: ModelSpec) -> float | None:
-        return self.provider.keep_time(spec)
+        return self.worker.models.keep_time(spec)
 
     def idle_for(self, spec: ModelSpec) -> float:
-        return self.provider.idle_for(spec)
+        return self.worker.models.idle_for(spec)
 
     def ensure_loaded(self, spec: ModelSpec) -> int:
         """Load `spec` now unless it is resident: the nanoseconds the load took."""
         if self.is_resident(spec):
-            self.provider.touch(spec)
+            self.worker.models.touch(spec)
             return 0
         start = time.perf_counter_ns()
         self.worker.call(lambda: self.worker.load(spec))
@@ -247,8 +281,8 @@ class ServedModels:
 
     def load(self, name: str) -> None:
         """Make a model (or an adapter) resident now."""
-        spec = self.provider.resolve(name)
-        adapter = self.provider.adapter(name)
+        spec = self.catalog.resolve(name)
+        adapter = self.catalog.adapter(name)
         worker = self.worker
         if adapter is not None:
             worker.call(lambda: worker.adapters.ready(spec, adapter.name))
@@ -258,8 +292,8 @@ class ServedModels:
     def unload(self, name: str) -> None:
         """Free a model's (or an adapter's) memory now (a 409 while it is busy; an
         adapter is read again when next asked for)."""
-        spec = self.provider.resolve(name)
-        adapter = self.provider.adapter(name)
+        spec = self.catalog.resolve(name)
+        adapter = self.catalog.adapter(name)
         worker = self.worker
         if adapter is not None:
             worker.call(lambda: worker.adapters.unload(spec, adapter.name))
@@ -268,11 +302,11 @@ class ServedModels:
 
     def pin(self, name: str, pinned: bool) -> None:
         """Keep a model (or an adapter) resident, or let it go again, whatever --pin said."""
-        adapter = self.provider.adapter(name)
+        adapter = self.catalog.adapter(name)
         if adapter is not None:
-            self.provider.adapters.pin(adapter.name, pinned)
+            self.catalog.adapters.pin(adapter.name, pinned)
         else:
-            self.provider.pin(self.provider.resolve(name), pinned)
+            self.worker.models.pin(self.catalog.resolve(name), pinned)
 
     # Adapters served at run time -------------------------------------------------------------
 
@@ -280,31 +314,31 @@ class ServedModels:
         """Serve the folder `path` as the adapter `name` on `model`, resident now (its
         folder read and fitted to its base first: a broken or mismatched one is a 400
         naming `path`, and nothing is kept)."""
-        provider, worker = self.provider, self.worker
-        known = provider.adapters.get(name) is not None
-        declared = provider.declare_adapter(name, path, model)
-        spec = provider.served[declared.base]
+        catalog, worker = self.catalog, self.worker
+        known = catalog.adapters.get(name) is not None
+        declared = catalog.declare_adapter(name, path, model)
+        spec = catalog.served[declared.base]
         try:
             worker.call(lambda: worker.adapters.ready(spec, name))
         except ServiceError as e:
             if not known:
-                provider.adapters.forget(name)
+                catalog.adapters.forget(name)
             if e.code == "adapter_invalid":  # its folder: the body's `path`
                 raise ServiceError(e.kind, e.message, "path", e.code) from e
             raise
 
     def remove_adapter(self, name: str) -> None:
         """Stop serving an adapter (its memory set free); a 409 while requests use it."""
-        provider, worker = self.provider, self.worker
-        adapter = provider.adapters.get(name)
+        catalog, worker = self.catalog, self.worker
+        adapter = catalog.adapters.get(name)
         if adapter is None:
             raise not_found(
                 f"No adapter '{name}' is served.", param="name", code="adapter_not_found"
             )
-        spec = provider.served[adapter.base]
+        spec = catalog.served[adapter.base]
 
         def remove() -> None:  # on the generation thread: no request is admitted meanwhile
             worker.adapters.unload(spec, name)
-            provider.adapters.forget(name)
+            catalog.adapters.forget(name)
 
         worker.call(remove)

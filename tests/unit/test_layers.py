@@ -11,10 +11,11 @@ import mlxserve
 
 PACKAGE = Path(mlxserve.__file__).parent
 EDGE = PACKAGE / "api"
-# Behind the door: the generation thread, the model loader, the drafters' engine.
-BEHIND_THE_DOOR = ("mlxserve.engine", "mlxserve.drafters")
-HIDDEN_NAMES = {"ModelProvider", "GenerationWorker"}
-HIDDEN_ATTRIBUTES = {"worker", "provider"}
+# Behind the door: the generation thread, the models in memory, the loader, the drafters
+# (all under engine/), and the catalog of what can be served.
+BEHIND_THE_DOOR = ("mlxserve.engine", "mlxserve.models.catalog")
+HIDDEN_NAMES = {"ModelCatalog", "GenerationWorker", "ResidentSet"}
+HIDDEN_ATTRIBUTES = {"worker", "catalog"}
 
 
 def modules(root: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from mlxserve.engine.generation.jobs import GenerationJob, PromptImages
 from mlxserve.engine.generation.reasoning_budget import ReasoningBudget
 from mlxserve.engine.generation.sampling import GenerationParams
 from mlxserve.engine.loop.loop_step import LoopStep
-from mlxserve.models.provider import ModelProvider
+from mlxserve.models.catalog import ModelCatalog
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.request import Sampling
 from mlxserve.server import idle_worker, load_served, start_worker
@@ -110,19 +110,19 @@ def test_a_follower_replays_the_steps_rank_0_published_before_its_model_loaded(
     config = ServerConfig(models=(ModelSettings(str(tiny_model)),), speculation="off")
     world, line, failures = World(mx.distributed.init(), 0, 1), Line(), []
     budget = 4 * 2**30
-    provider = ModelProvider(config, [tiny_model], None)
-    leader = idle_worker(config, provider, budget, Leader(world, line, failures.append))
+    catalog = ModelCatalog(config, [tiny_model])
+    leader = idle_worker(config, catalog, None, budget, Leader(world, line, failures.append))
     deadline = time.monotonic() + 10
     while not line.messages and time.monotonic() < deadline:  # past the loop's gathering
         time.sleep(0.01)
     assert len(line.messages) == 1  # a step out before the model is loaded
-    load_served(leader, provider)
+    load_served(leader)
     leader.stop()  # its last step goes out too
     assert len(line.messages) >= 2 and line.last[-1]
 
-    provider = ModelProvider(config, [tiny_model], None)
-    follower = Follower(world, line, provider.default, tokenizer, failures.append)
-    worker = start_worker(config, provider, budget, follower)
+    catalog = ModelCatalog(config, [tiny_model])
+    follower = Follower(world, line, catalog.default, tokenizer, failures.append)
+    worker = start_worker(config, catalog, None, budget, follower)
     worker.follow()
     worker.wait()
     assert failures == [] and not follower.lost

@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 from mtp_fixture import TINY_GLM_MTP, TINY_QWEN35_MTP, checkpoint_names
 
-from mlxserve.drafters.mtp_load import FAMILIES, load_head, new_head
+from mlxserve.engine.drafters.mtp_load import FAMILIES, load_head, new_head
 
 CONFIGS = {
     "qwen3_5": TINY_QWEN35_MTP.config,
@@ -137,7 +137,7 @@ def test_a_model_is_split_before_its_output_head_only_where_that_is_all_it_does(
     """A drafter's hidden states come from the model split before its output head; Gemma
     2 caps its logits after the head, so the split would verify drafts against other
     logits, and it is not made."""
-    from mlxserve.drafters.hidden import splits_exactly
+    from mlxserve.engine.drafters.hidden import splits_exactly
 
     mx.random.seed(2)
     model_class, args_class = _get_classes({**config, "vocab_size": 97})

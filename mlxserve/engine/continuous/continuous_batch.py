@@ -34,7 +34,7 @@ from mlxserve.engine.generation.jobs import GenerationJob
 from mlxserve.engine.generation.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.generation.sequence import SequenceOutput
 from mlxserve.engine.memory.footprint import KVFootprint, measure_footprint
-from mlxserve.models.loader import LoadedModel
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.models.spec import ModelSpec
 
 

@@ -5,7 +5,7 @@ caches beside the model's (a draft model's, or a hidden-state head's: an MTP hea
 EAGLE-3 or a DFlash drafter, which read the model's hidden states of each pass).
 
 The speculative batches themselves are `engine/speculation/`; the drafters' own models
-are `mlxserve/drafters/`.
+are `mlxserve/engine/drafters/`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from mlxserve.adapters.layers import ModelAdapters
-from mlxserve.drafters.dflash import DFlashDrafter
-from mlxserve.drafters.hidden import HiddenCapture, splits_exactly
 from mlxserve.engine.continuous.adapter_rows import AdapterRowsModel
 from mlxserve.engine.continuous.row_entry import RowEntry
 from mlxserve.engine.continuous.row_feature import Forwarded, RowFeature
@@ -30,7 +28,10 @@ from mlxserve.engine.continuous.vision_model import (
     VisionHiddenCapture,
     batch_model,
 )
+from mlxserve.engine.drafters.dflash import DFlashDrafter
+from mlxserve.engine.drafters.hidden import HiddenCapture, splits_exactly
 from mlxserve.engine.memory.footprint import KVFootprint, measure_footprint
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.speculation.block_drafts import draft_in_blocks
 from mlxserve.engine.speculation.draft_costs import DraftCosts, Drafting, chained
 from mlxserve.engine.speculation.draft_model import draft_with_model
@@ -42,7 +43,6 @@ from mlxserve.engine.speculation.speculation_plan import (
     plan_speculation,
 )
 from mlxserve.engine.speculation.verify import SpeculationCounts, speculate_in
-from mlxserve.models.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 

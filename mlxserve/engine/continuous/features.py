@@ -14,7 +14,7 @@ from mlxserve.engine.continuous.kv_quantization import KVQuantizationFeature
 from mlxserve.engine.continuous.row_feature import RowFeature
 from mlxserve.engine.continuous.vision_model import batch_model
 from mlxserve.engine.continuous.vision_rows import VisionFeature
-from mlxserve.models.loader import LoadedModel
+from mlxserve.engine.memory.loader import LoadedModel
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from mlxserve.engine.continuous.drafting import drops_drafts
 from mlxserve.engine.generation.jobs import GenerationJob
 from mlxserve.engine.loop.loop_step import Lockstep
 from mlxserve.engine.memory.footprint import KVFootprint
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.single.stream_session import StreamSession
 from mlxserve.engine.speculation.verify import SpeculationCounts
-from mlxserve.models.loader import LoadedModel
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 

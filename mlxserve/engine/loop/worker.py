@@ -31,9 +31,9 @@ from mlxserve.engine.loop.intake import Call, Intake, Stop, Submitted, Wake
 from mlxserve.engine.loop.loop_step import Lockstep, LoopStep
 from mlxserve.engine.loop.model_session import Session, SessionContext, open_session
 from mlxserve.engine.memory.adapter_residency import AdapterResidency
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.memory.residency import Residency
-from mlxserve.models.loader import LoadedModel
-from mlxserve.models.provider import ModelProvider
+from mlxserve.engine.memory.resident_set import ResidentSet
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import (
     ServiceError,
@@ -50,7 +50,7 @@ IDLE_CHECK_SECONDS = 1.0  # how often an idle thread looks for models to unload
 class GenerationWorker:
     def __init__(
         self,
-        provider: ModelProvider,
+        models: ResidentSet,
         cache: PromptCache,
         limits: ContinuousBatchLimits,
         capacity: int,
@@ -60,7 +60,7 @@ class GenerationWorker:
         self._cache = cache
         self._lockstep = lockstep
         self._now = time.perf_counter()  # the clock of this loop iteration (LoopStep.now)
-        self._provider = provider
+        self.models = models  # read on any thread: what is in memory, pins, keep times
         self._idle_check = 0.0  # when to look for idle models next (monotonic)
         self._intake = Intake()
         self._capacity = Capacity(capacity)
@@ -76,26 +76,27 @@ class GenerationWorker:
             self._wake,
             lockstep,
         )
+        catalog = models.catalog
         self._residency = Residency(
-            provider,
+            models,
             cache,
             memory_budget,
             lambda loaded: open_session(
-                loaded, provider.config_for(loaded.spec).num_draft_tokens, context
+                loaded, catalog.config_for(loaded.spec).num_draft_tokens, context
             ),
             lambda spec: self._admission.waits(spec),
             self._wake,
             in_background=lockstep is None,
-            only=provider.default if lockstep is not None else None,
+            only=catalog.default if lockstep is not None else None,
         )
         self._adapters = AdapterResidency(
-            provider,
+            models,
             self._residency,
             memory_budget,
             lambda name: self._admission.adapter_in_use(name),
         )
         self._admission = Admission(
-            memory_budget, cache, self._residency, provider.touch, self._adapters
+            memory_budget, cache, self._residency, models.touch, self._adapters
         )
 
     def start(self) -> None:
@@ -269,7 +270,7 @@ class GenerationWorker:
             for session in [s for s in self._open_sessions() if len(s) > 0]:
                 session.step()
             self._admission.note_kv_bytes()
-            if self._provider.keeps_any and time.monotonic() >= self._idle_check:
+            if self.models.keeps_any and time.monotonic() >= self._idle_check:
                 self._idle_check = time.monotonic() + IDLE_CHECK_SECONDS
                 self._residency.unload_idle()
 
@@ -281,7 +282,7 @@ class GenerationWorker:
         decoding = any(s.ready() for s in self._open_sessions())
         # Pending requests may start now, unless they wait for a load (its end wakes us).
         startable = bool(self._admission.pending) and self._residency.loading is None
-        idle_wait = IDLE_CHECK_SECONDS if self._provider.keeps_any else None
+        idle_wait = IDLE_CHECK_SECONDS if self.models.keeps_any else None
         arrived = self._intake.take(not decoding and not startable, idle_wait)
         step = LoopStep(
             time.perf_counter(),

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from mlxserve.adapters.folder import AdapterError, read_adapter
 from mlxserve.adapters.layers import ModelAdapters, Resident
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.memory.residency import RETRY_AFTER_SECONDS, Residency
-from mlxserve.models.loader import LoadedModel
-from mlxserve.models.provider import ModelProvider
+from mlxserve.engine.memory.resident_set import ResidentSet
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found
 from mlxserve.units import format_bytes
@@ -23,13 +23,13 @@ log = logging.getLogger(__name__)
 class AdapterResidency:
     def __init__(
         self,
-        provider: ModelProvider,
+        models: ResidentSet,
         residency: Residency,
         budget: int | None,
         in_use: Callable[[str], bool],
     ):
         """`in_use`: whether requests under an adapter run or wait."""
-        self._provider = provider
+        self._models = models
         self._residency = residency
         self._budget = budget
         self._in_use = in_use
@@ -43,7 +43,7 @@ class AdapterResidency:
         resident = adapters.get(name)
         if resident is not None:
             return resident
-        declared = self._provider.adapters.get(name)
+        declared = self._models.catalog.adapters.get(name)
         if declared is None:
             raise not_found(
                 f"The adapter '{name}' is not served.", param="model", code="model_not_found"
@@ -77,7 +77,7 @@ class AdapterResidency:
                 param="name",
                 code="adapter_busy",
             )
-        loaded = next((m for m in self._provider.resident if m.spec == spec), None)
+        loaded = next((m for m in self._models.resident if m.spec == spec), None)
         if loaded is not None and loaded.adapters is not None:
             self._free(loaded, loaded.adapters, name)
 
@@ -86,7 +86,7 @@ class AdapterResidency:
     ) -> None:
         """Free idle, unpinned adapters, least recently used first, until one more fits
         the model's count and the memory budget."""
-        limit = self._provider.config_for(loaded.spec).max_loaded_adapters
+        limit = self._models.catalog.config_for(loaded.spec).max_loaded_adapters
 
         def fits() -> bool:
             over_budget = (
@@ -97,7 +97,7 @@ class AdapterResidency:
         for resident in adapters.resident:
             if fits():
                 return
-            if not self._in_use(resident.name) and not self._provider.adapters.pinned(
+            if not self._in_use(resident.name) and not self._models.catalog.adapters.pinned(
                 resident.name
             ):
                 self._free(loaded, adapters, resident.name)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxserve.models.loader import LoadedModel
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.models.spec import ModelSpec, stored_bytes
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 from mlxserve.engine.caches.prompt_cache import PromptCache
 from mlxserve.engine.loop.model_session import Session
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.memory.loading import BackgroundLoads
+from mlxserve.engine.memory.resident_set import ResidentSet
 from mlxserve.engine.speculation.verify import SpeculationCounts
-from mlxserve.models.loader import LoadedModel
-from mlxserve.models.provider import ModelProvider
 from mlxserve.models.spec import ModelSpec, stored_bytes
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request
 from mlxserve.units import format_bytes
@@ -26,7 +26,7 @@ RETRY_AFTER_SECONDS = 1  # a 503's Retry-After (also admission.Capacity's)
 class Residency:
     def __init__(
         self,
-        provider: ModelProvider,
+        models: ResidentSet,
         cache: PromptCache,
         budget: int | None,
         open_session: Callable[[LoadedModel], Session],
@@ -40,14 +40,14 @@ class Residency:
         start; `wake`: wakes the loop when a load ends; `in_background`: loads run on
         their own thread (not where ranks run in lockstep: every rank loads at one step);
         `only`: the one model a distributed server may serve."""
-        self._provider = provider
+        self._models = models
         self._cache = cache
         self._budget = budget
         self._open_session = open_session
         self._waiting = waiting
         self._only = only
         self._in_background = in_background
-        self._loads = BackgroundLoads(provider.loader.read, wake)
+        self._loads = BackgroundLoads(models.loader.read, wake)
         self.sessions: dict[ModelSpec, Session] = {}
 
     def open_sessions(self) -> list[Session]:
@@ -64,7 +64,7 @@ class Residency:
         (a hot swap, an embedding model) is a single-machine feature."""
         if self._only is not None and spec != self._only:
             raise bad_request(
-                f"This server serves {self._provider.name(self._only)} across "
+                f"This server serves {self._models.catalog.name(self._only)} across "
                 "several machines (distributed); it cannot load other models.",
                 param="model",
                 code="model_not_available",
@@ -73,9 +73,9 @@ class Residency:
     def resident(self, spec: ModelSpec) -> LoadedModel:
         """The model in memory, loaded first (making room for it) if need be."""
         self.check_served(spec)
-        if not any(m.spec == spec for m in self._provider.resident):
+        if not self._models.holds(spec):
             self._make_room(spec)
-        return self._provider.activate(spec)
+        return self._models.activate(spec)
 
     def session(self, spec: ModelSpec) -> Session:
         """The model's session, loading the model first (here) if it is not resident."""
@@ -89,11 +89,11 @@ class Residency:
         begins here, after room is made for it, when no other load runs)."""
         if not self._in_background:
             return self.session(spec)
-        if spec in self.sessions or any(m.spec == spec for m in self._provider.resident):
+        if spec in self.sessions or self._models.holds(spec):
             return self.session(spec)
         loaded = self._loads.take(spec)
         if loaded is not None:
-            return self._opened(self._provider.install(loaded))
+            return self._opened(self._models.install(loaded))
         if self._loads.loading is None:
             self.check_served(spec)
             self._make_room(spec)
@@ -152,33 +152,33 @@ class Residency:
         if session is not None:
             session.close()
         self._cache.forget(spec.key)
-        self._provider.unload(spec)
+        self._models.unload(spec)
 
     def unload_idle(self) -> None:
-        """Unload unpinned models unused for their keep time (provider.keep_time); a busy
+        """Unload unpinned models unused for their keep time (ResidentSet.keep_time); a busy
         model counts as used now."""
-        for loaded in self._provider.resident:
+        for loaded in self._models.resident:
             spec = loaded.spec
-            limit = self._provider.keep_time(spec)
+            limit = self._models.keep_time(spec)
             if self.busy(spec):
-                self._provider.touch(spec)
+                self._models.touch(spec)
             elif limit is not None and self.expire(spec, limit):
                 log.info("%s idle for %.0fs", spec.path.name, limit)
 
     def expire(self, spec: ModelSpec, after: float = 0.0) -> bool:
         """Unload `spec` if it is idle, unpinned, and unused for `after` seconds (a
         request's keep_alive of 0 ends with it); whether it was."""
-        provider = self._provider
-        if self._only is not None or self.busy(spec) or provider.pinned(spec):
+        models = self._models
+        if self._only is not None or self.busy(spec) or models.pinned(spec):
             return False
-        if provider.idle_for(spec) < after or not any(m.spec == spec for m in provider.resident):
+        if models.idle_for(spec) < after or not models.holds(spec):
             return False
         self.unload(spec)
         return True
 
     def weight_bytes(self) -> int:
         """The resident models' weights and those of the model loading."""
-        return self._provider.weight_bytes() + self._loads.reserved_bytes()
+        return self._models.weight_bytes() + self._loads.reserved_bytes()
 
     def _opened(self, loaded: LoadedModel) -> Session:
         """A session for a model just made resident (unloaded again if none opens)."""
@@ -187,7 +187,7 @@ class Residency:
                 raise self._too_large(loaded.spec.path.name, loaded.nbytes)
             session = self._open_session(loaded)
         except ServiceError:
-            self._provider.unload(loaded.spec)
+            self._models.unload(loaded.spec)
             raise
         self.sessions[loaded.spec] = session
         return session
@@ -208,17 +208,17 @@ class Residency:
         need = stored_bytes(spec)
         if need >= budget:
             raise self._too_large(spec.path.name, need)
-        for loaded in self._provider.resident:
+        for loaded in self._models.resident:
             if self.weight_bytes() + need <= budget:
                 return
-            if not self.busy(loaded.spec) and not self._provider.pinned(loaded.spec):
+            if not self.busy(loaded.spec) and not self._models.pinned(loaded.spec):
                 self.unload(loaded.spec)
         if self.weight_bytes() + need > budget:
             resident = ", ".join(
-                f"{self._provider.name(m.spec)} ({format_bytes(m.nbytes)}"
+                f"{self._models.catalog.name(m.spec)} ({format_bytes(m.nbytes)}"
                 f"{', busy' if self.busy(m.spec) else ''}"
-                f"{', pinned' if self._provider.pinned(m.spec) else ''})"
-                for m in self._provider.resident
+                f"{', pinned' if self._models.pinned(m.spec) else ''})"
+                for m in self._models.resident
             )
             raise ServiceError(
                 ErrorKind.UNAVAILABLE,

@@ -12,10 +12,10 @@ from mlxserve.engine.caches.prompt_cache import PromptCache
 from mlxserve.engine.generation.jobs import ErrorEvent, GenerationJob
 from mlxserve.engine.generation.sampling import reseed_random
 from mlxserve.engine.memory.footprint import KVFootprint
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.single.text_run import SingleRun, generate_single
 from mlxserve.engine.single.vision_run import generate_vision
 from mlxserve.engine.speculation.verify import SpeculationCounts
-from mlxserve.models.loader import LoadedModel
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request, internal_error
 

@@ -15,7 +15,7 @@ from mlxserve.engine.caches.prompt_cache import CacheHit, PromptCache
 from mlxserve.engine.generation.jobs import GenerationJob
 from mlxserve.engine.generation.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.generation.sequence import SequenceOutput
-from mlxserve.models.loader import LoadedModel
+from mlxserve.engine.memory.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 

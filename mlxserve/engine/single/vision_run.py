@@ -23,8 +23,8 @@ from mlxserve.compat import forget_vision_positions
 from mlxserve.engine.caches.prompt_cache import CacheHit, PromptCache
 from mlxserve.engine.generation.jobs import GenerationJob, PromptImages
 from mlxserve.engine.generation.sampling import build_logits_processors, build_sampler
+from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.single.text_run import SingleRun, Step
-from mlxserve.models.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 

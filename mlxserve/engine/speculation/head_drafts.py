@@ -32,7 +32,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxserve.compat import install_generation_batch
-from mlxserve.drafters.eagle3 import Eagle3Drafter
+from mlxserve.engine.drafters.eagle3 import Eagle3Drafter
 from mlxserve.engine.speculation.draft_costs import DraftCosts
 from mlxserve.engine.speculation.draft_guide import DraftGuide
 from mlxserve.engine.speculation.draft_lengths import DraftLengths

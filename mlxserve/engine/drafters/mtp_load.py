@@ -17,8 +17,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxserve.drafters.hidden import readout
-from mlxserve.drafters.mtp_head import DEEPSEEK, QWEN, Layout, MTPHead
+from mlxserve.engine.drafters.hidden import readout
+from mlxserve.engine.drafters.mtp_head import DEEPSEEK, QWEN, Layout, MTPHead
 
 log = logging.getLogger(__name__)
 

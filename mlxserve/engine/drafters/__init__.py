@@ -12,6 +12,5 @@ one it serves (the batch's side of drafting, and the verify pass, are
 - `hidden.py`: the model's hidden states taken from the batch's own forward pass, which
   all of them read.
 
-Outside the engine: the model provider loads them (models/ imports this package, and the
-engine imports models/).
+The model loader (engine/memory/loader.py) reads them with the model they draft for.
 """

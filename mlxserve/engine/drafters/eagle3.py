@@ -21,7 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from mlxserve.drafters.mtp_head import tokens_only
+from mlxserve.engine.drafters.mtp_head import tokens_only
 
 
 @lru_cache(maxsize=16)

@@ -1,7 +1,7 @@
 """Reading a model into memory: its weights (a share of them on each rank of a distributed
 server), its drafter (a draft model, the checkpoint's MTP head, an EAGLE-3 or DFlash
-drafter) and its tokenizer. Any thread may read (engine/memory/loading.py); the resident
-set (models/provider.py) takes what was read."""
+drafter) and its tokenizer. Any thread may read (loading.py); the resident set
+(resident_set.py) takes what was read."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any, cast
 
 from mlxserve.adapters.layers import ModelAdapters
 from mlxserve.config import ServerConfig
-from mlxserve.drafters.dflash import DFlashDrafter, DFlashUnsupported
-from mlxserve.drafters.eagle3 import Eagle3Drafter, drafter_kind
-from mlxserve.drafters.mtp_load import load_head
+from mlxserve.engine.drafters.dflash import DFlashDrafter, DFlashUnsupported
+from mlxserve.engine.drafters.eagle3 import Eagle3Drafter, drafter_kind
+from mlxserve.engine.drafters.mtp_load import load_head
 from mlxserve.models.chunked_attention import batch_chunked_attention
 from mlxserve.models.kinds import LoadRequest
-from mlxserve.models.spec import ModelSpec, stored_bytes
+from mlxserve.models.spec import ModelSpec, load_error, stored_bytes
 from mlxserve.models.vision_loader import load_vision_model
 from mlxserve.protocol.errors import ServiceError, bad_request
 from mlxserve.units import GB, format_bytes
@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 PROGRESS_BYTES = GB  # a load this large logs its progress,
 PROGRESS_STEPS = 4  # a quarter at a time
+
+# Splits a lazily loaded model across the ranks of a distributed server before its
+# weights are read (each rank then reads only its share).
+Split = Callable[[Any], None]
 
 
 @dataclass
@@ -57,8 +61,7 @@ class LoadedModel:
 class ModelLoader:
     config: ServerConfig
     tokenizer: Callable[[ModelSpec], Any]  # the kept tokenizer of a spec (the catalog's)
-    # splits a model across the ranks of a distributed server before its weights are read
-    split: Callable[[Any], None] | None = None
+    split: Split | None = None
 
     def read(self, spec: ModelSpec) -> LoadedModel:
         """Load `spec`'s weights (evaluated) and tokenizer without making it resident: any
@@ -192,15 +195,6 @@ def _weight_bytes(*models: Any) -> int:
         pair[1] for m in models if m is not None for pair in tree_flatten(m.parameters())
     ]
     return sum(array.nbytes for array in arrays)
-
-
-def load_error(spec: ModelSpec, error: Exception) -> ServiceError:
-    log.error("Loading %s failed: %s", spec.path, error)
-    return bad_request(
-        f"The model at '{spec.path.name}' could not be loaded: {error}",
-        param="model",
-        code="model_load_failed",
-    )
 
 
 def _draft_model(path: Path | None) -> Any | None:
