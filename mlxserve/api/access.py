@@ -32,9 +32,10 @@ def given_key(headers: Message) -> str | None:
 def admitted(
     gate: KeyGate, headers: Message, admin: bool, record: RequestRecord, metrics: Metrics
 ) -> Iterator[Caller]:
-    """Run the block as the request's caller, its costs charged to its key (a POST or a
-    WebSocket message may spend tokens: the other methods read); `admin`: the route wants
-    an admin key."""
+    """The request's caller for the block (its RequestContext's, and the records it
+    owns, api/batches/owners.py), its costs charged to its key (a POST or a WebSocket
+    message may spend tokens: the other methods read); `admin`: the route wants an admin
+    key."""
     spends = record.method in SPENDING_METHODS
     with gate.admit(given_key(headers), spends) as caller, calling(caller):
         if admin and not caller.admin:

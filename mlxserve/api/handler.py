@@ -7,7 +7,7 @@ import logging
 import select
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
@@ -26,11 +26,13 @@ from mlxserve.api.guards import (
 )
 from mlxserve.api.responder import SSE_CONTENT_TYPE, RawReply
 from mlxserve.api.router import Found, Router
-from mlxserve.api.table import Call, Reply
+from mlxserve.api.table import Call, Reply, Turn
 from mlxserve.api.websocket import OpenSockets, WebSocket, is_upgrade
 from mlxserve.config import ServerConfig
+from mlxserve.keys.caller import OPEN
 from mlxserve.keys.gate import KeyGate
 from mlxserve.protocol.errors import ClientGone, ErrorKind, ServiceError, internal_error
+from mlxserve.service.context import RequestContext
 from mlxserve.telemetry.activity import Activity
 from mlxserve.telemetry.metrics import Metrics
 from mlxserve.telemetry.record import RequestRecord, recording, request_id
@@ -85,6 +87,7 @@ class APIHandler(BaseHTTPRequestHandler):
     server_version = "mlxserve"
     streaming = False  # an SSE response has begun: errors can no longer be a reply
     record: RequestRecord | None = None  # the request being answered
+    context: RequestContext  # the same, as the core is told of it (set once admitted)
 
     @property
     def app(self) -> Serving:
@@ -193,15 +196,19 @@ class APIHandler(BaseHTTPRequestHandler):
         try:
             with self.app.routes.open_sockets.holding(socket_):
                 route, endpoints = self.app.routes.router.sockets[path]
-                route.session(endpoints, socket_, lambda: self._turn(path))
+                route.session(endpoints, socket_, self.context, self._turns(path))
         finally:
             socket_.close()
             log.info("WebSocket closed on %s for %s", path, peer)
 
+    def _turns(self, path: str) -> Turn:
+        return lambda gone: self._turn(path, gone)
+
     @contextmanager
-    def _turn(self, path: str) -> Iterator[None]:
+    def _turn(self, path: str, gone: Callable[[], bool]) -> Iterator[RequestContext]:
         """One message of a WebSocket session, answered as a request of its own: admitted
-        with the session's key (rate limits and quotas apply to each), recorded, counted."""
+        with the session's key (rate limits and quotas apply to each), recorded, counted;
+        `gone`: whether the session's client has left."""
         record = RequestRecord(
             request_id(None),
             WEBSOCKET_METHOD,
@@ -215,9 +222,9 @@ class APIHandler(BaseHTTPRequestHandler):
             try:
                 with (
                     self.app.answering(),
-                    admitted(routes.keys, self.headers, False, record, routes.metrics),
+                    admitted(routes.keys, self.headers, False, record, routes.metrics) as caller,
                 ):
-                    yield
+                    yield RequestContext(caller, record, gone)
             except ServiceError as e:
                 record.status = routes.router.errors("POST", path)(e).status
                 raise
@@ -247,12 +254,14 @@ class APIHandler(BaseHTTPRequestHandler):
             self._drain()
         try:
             check_host(self.headers, config.allowed_hosts, config.host)
+            assert self.record is not None
             if found is not None and found.route.keyless:
+                self.context = RequestContext(OPEN, self.record, self.client_gone)
                 self._dispatch(found)
             else:
-                assert self.record is not None
                 admin = found is not None and found.route.admin
-                with admitted(edge.keys, self.headers, admin, self.record, edge.metrics):
+                with admitted(edge.keys, self.headers, admin, self.record, edge.metrics) as caller:
+                    self.context = RequestContext(caller, self.record, self.client_gone)
                     if unrouted is not None:
                         raise unrouted
                     if found is None:

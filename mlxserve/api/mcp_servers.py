@@ -16,7 +16,8 @@ from mlxserve.mcp.hub import McpConnectFailed, McpHub
 from mlxserve.mcp.tools import CallOutcome, McpTool
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import ServiceError, bad_request, dependency_failed
-from mlxserve.telemetry.record import Metered, current_request
+from mlxserve.service.context import RequestContext
+from mlxserve.telemetry.record import Metered
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class OfferedTools:
     """A request's MCP tools by name, and the connections it opened (closed with it)."""
 
     hub: McpHub
+    context: RequestContext  # the request's: its calls are charged to its key
     functions: dict[str, McpFunction] = field(default_factory=dict)
     opened: list[str] = field(default_factory=list)
 
@@ -61,9 +63,7 @@ class OfferedTools:
         mcp_seconds)."""
         function = self.functions[name]
         outcome = self.hub.call(function.server, function.tool.name, arguments)
-        record = current_request()
-        if record is not None:
-            record.meter(Metered(mcp_calls=1, mcp_seconds=outcome.seconds))
+        self.context.meter(Metered(mcp_calls=1, mcp_seconds=outcome.seconds))
         return outcome
 
     def close(self) -> None:

@@ -24,12 +24,12 @@ ANTHROPIC_PAGE = {
 
 def models(endpoints: OpenAIEndpoints, call: Call) -> dict:
     if speaks_anthropic(call.headers):
-        return model_page(endpoints.service.models.entries(), call.query)
-    return endpoints.models()
+        return model_page(endpoints.service.models.entries(call.context.caller), call.query)
+    return endpoints.models(call.context.caller)
 
 
 def model(endpoints: OpenAIEndpoints, call: Call) -> dict:
-    entry = endpoints.model(call.params["model"])
+    entry = endpoints.model(call.params["model"], call.context)
     return model_info(entry) if speaks_anthropic(call.headers) else entry
 
 

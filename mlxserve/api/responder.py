@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from io import BufferedIOBase
 from typing import Protocol
 
+from mlxserve.service.context import RequestContext
+
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 
 
@@ -26,6 +28,10 @@ def json_reply(status: int, body: dict) -> RawReply:
 
 
 class Responder(Protocol):
+    # The request this answers, as the core is told of it: its caller, its record, its
+    # client's leaving, its priority.
+    context: RequestContext
+
     def client_gone(self) -> bool:
         """Whether the client has closed its end (generation for it can stop)."""
         ...

@@ -8,7 +8,7 @@ from mlxserve.api.openapi import shapes as s
 from mlxserve.api.openapi.shapes import JSON, TEXT
 from mlxserve.api.responder import RawReply
 from mlxserve.api.status import StatusEndpoint
-from mlxserve.api.table import Call, Route, plain
+from mlxserve.api.table import Call, Route, as_caller, plain
 from mlxserve.api.usage import UsageEndpoints
 from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol.errors import not_found
@@ -41,12 +41,12 @@ PAGE_ROUTES: tuple[Route[None], ...] = (
 )  # fmt: skip
 
 STATUS_ROUTES: tuple[Route[StatusEndpoint], ...] = (
-    Route("GET", "/v1/status", plain(StatusEndpoint.status), "What the web app shows", "server", {JSON: s.STATUS}, ERRORS),
+    Route("GET", "/v1/status", as_caller(StatusEndpoint.status), "What the web app shows", "server", {JSON: s.STATUS}, ERRORS),
 )  # fmt: skip
 
 DAY = {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"}
 USAGE_ROUTES: tuple[Route[UsageEndpoints], ...] = (
-    Route("GET", "/v1/usage", lambda e, call: e.usage(call.query), "An API key's usage by day and model", "keys", {JSON: s.USAGE_LIST}, ERRORS, query={"start": DAY, "end": DAY, "key": s.STRING}),
+    Route("GET", "/v1/usage", lambda e, call: e.usage(call.query, call.context.caller), "An API key's usage by day and model", "keys", {JSON: s.USAGE_LIST}, ERRORS, query={"start": DAY, "end": DAY, "key": s.STRING}),
     Route("GET", "/v1/keys", plain(UsageEndpoints.keys), "The API keys (never their secrets)", "admin", {JSON: s.KEY_LIST}, ERRORS, admin=True),
 )  # fmt: skip
 

@@ -10,7 +10,7 @@ from mlxserve.api.batches.keeper import BatchKeeper
 from mlxserve.api.batches.owners import scope
 from mlxserve.api.guards import exposure_warning
 from mlxserve.api.websocket import OpenSockets
-from mlxserve.keys.caller import current_caller
+from mlxserve.keys.caller import Caller
 from mlxserve.keys.gate import KeyGate
 from mlxserve.keys.store import day_of
 from mlxserve.mcp.hub import McpHub
@@ -30,10 +30,9 @@ class StatusEndpoint:
     sockets: OpenSockets
     mcp: McpHub
 
-    def status(self) -> dict:
-        caller = current_caller()
+    def status(self, caller: Caller) -> dict:
         warning = exposure_warning(self.service.config.host, self.keys.required)
-        load = self.service.models.load_now()
+        load = self.service.models.load_now(caller)
         return {
             "object": "status",
             "warnings": [warning] if warning else [],
@@ -46,23 +45,22 @@ class StatusEndpoint:
             "recent": [
                 r for r in self.activity.recent() if caller.admin or r["key"] == caller.name
             ],
-            "batches": self._batches(),
-            "usage": self._usage_today(),
-            "mcp_servers": self._mcp_servers(),
+            "batches": self._batches(caller),
+            "usage": self._usage_today(caller),
+            "mcp_servers": self._mcp_servers(caller),
         }
 
-    def _mcp_servers(self) -> list[dict]:
+    def _mcp_servers(self, caller: Caller) -> list[dict]:
         """The MCP servers and their tools; what runs them (commands, URLs) to admins only."""
-        admin = current_caller().admin
-        return [s if admin else {**s, "target": None} for s in self.mcp.states()]
+        return [s if caller.admin else {**s, "target": None} for s in self.mcp.states()]
 
-    def _usage_today(self) -> list[dict]:
+    def _usage_today(self, caller: Caller) -> list[dict]:
         """Today's usage by key and model: the caller's own, or every key's for an admin."""
-        caller, today = current_caller(), day_of(time.time())
+        today = day_of(time.time())
         rows = self.keys.usage(None if caller.admin else caller.name, today, today)
         return [{"key": row.key, "model": row.model, **asdict(row.metered)} for row in rows]
 
-    def _batches(self) -> dict:
+    def _batches(self, caller: Caller) -> dict:
         """The latest batches (both APIs') with their progress, and the latest files."""
         try:
             store = self.batches.existing()

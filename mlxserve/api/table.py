@@ -7,6 +7,7 @@ exists is served, guarded and documented by construction."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from email.message import Message
 from functools import cached_property
@@ -17,10 +18,15 @@ from pydantic import BaseModel
 from mlxserve.api.errors import Errors
 from mlxserve.api.responder import RawReply, Responder
 from mlxserve.config import ServerConfig
+from mlxserve.keys.caller import Caller
+from mlxserve.service.context import RequestContext
 
 Schema = dict[str, Any]
 # An endpoint's whole reply: JSON, another type (RawReply), or None once it streamed.
 Reply = dict | RawReply | None
+# A WebSocket session's turn: one message answered as a request of its own (admitted,
+# recorded, counted), given whether the session's client has left.
+Turn = Callable[[Callable[[], bool]], AbstractContextManager[RequestContext]]
 UPLOAD_OVERHEAD = 64 * 1024  # a multipart form's fields beside its file
 
 
@@ -37,6 +43,10 @@ class Call:
     @cached_property
     def body(self) -> bytes:
         return self.read_body()
+
+    @property
+    def context(self) -> RequestContext:
+        return self.responder.context
 
 
 E = TypeVar("E")
@@ -108,6 +118,11 @@ def plain(endpoint: Callable[[E], Reply]) -> Callable[[E, Call], Reply]:
     return lambda endpoints, call: endpoint(endpoints)
 
 
+def as_caller(endpoint: Callable[[E, Caller], Reply]) -> Callable[[E, Call], Reply]:
+    """A handler for the endpoints whose reply depends on who asks (what its key may use)."""
+    return lambda endpoints, call: endpoint(endpoints, call.context.caller)
+
+
 def by_id(endpoint: Callable[[E, str], Reply], param: str) -> Callable[[E, Call], Reply]:
     """A handler for the endpoints that take one id of the path."""
     return lambda endpoints, call: endpoint(endpoints, call.params[param])
@@ -119,7 +134,8 @@ class SocketRoute(Generic[E]):
     request of its own (`turn`)."""
 
     path: str
-    session: Callable[[E, Any, Callable[[], Any]], None]  # (endpoints, socket, turn)
+    # (endpoints, socket, the upgrade request's context, turn)
+    session: Callable[[E, Any, RequestContext, Turn], None]
 
     @property
     def spellings(self) -> tuple[str, ...]:

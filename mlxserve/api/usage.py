@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from urllib.parse import parse_qs
 
-from mlxserve.keys.caller import admin_only, current_caller
+from mlxserve.keys.caller import Caller, admin_only
 from mlxserve.keys.gate import KeyGate
 from mlxserve.keys.records import KeyRecord
 from mlxserve.keys.store import UsageRow
@@ -21,12 +21,11 @@ DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 class UsageEndpoints:
     gate: KeyGate
 
-    def usage(self, query: str) -> dict:
+    def usage(self, query: str, caller: Caller) -> dict:
         """`?start=YYYY-MM-DD&end=YYYY-MM-DD` (UTC days, both included) and, for an admin,
         `key=NAME`; a key that is not an admin's sees its own usage only."""
         asked = {name: values[-1] for name, values in parse_qs(query).items()}
         start, end = (_day(asked.get(name), name) for name in ("start", "end"))
-        caller = current_caller()
         key = asked.get("key")
         if not caller.admin:
             if key is not None and key != caller.name:

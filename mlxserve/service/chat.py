@@ -36,6 +36,7 @@ from mlxserve.protocol.request import (
     TextPart,
 )
 from mlxserve.service.checkpoints import SystemEnds
+from mlxserve.service.context import RequestContext
 from mlxserve.service.embeddings import (
     Embeddings,
     cut_for_truncation,
@@ -50,7 +51,7 @@ from mlxserve.service.models import ServedModels
 from mlxserve.service.run import ChoicePlan, GenerationRun
 from mlxserve.service.token_texts import TokenTexts
 from mlxserve.structured.matcher import Grammar
-from mlxserve.telemetry.record import Metered, current_request
+from mlxserve.telemetry.record import Metered
 
 # A last turn cut to fit the context (Responses' truncation "auto"): at most this many
 # renders, each cut scaled from the tokens still over, with this much to spare.
@@ -69,6 +70,7 @@ class Prepared:
     n: int
     texts: TokenTexts  # token ids -> text and bytes, for logprobs
     make_output: Callable[[list[int]], Any]
+    context: RequestContext  # whose it is
     images: PromptImages | None = None
     checkpoints: tuple[int, ...] = ()  # see GenerationJob
     context_length: int | None = None  # the model's: a choice that fills it says so
@@ -89,10 +91,12 @@ class ChatService:
         self.models = ServedModels(self.catalog, self.worker)
         self.media = Media(self.worker, self.config.prefill_chunk)
 
-    def prepare_chat(self, request: ChatRequest, reasoning_format: str | None = None) -> Prepared:
+    def prepare_chat(
+        self, request: ChatRequest, context: RequestContext, reasoning_format: str | None = None
+    ) -> Prepared:
         """`reasoning_format` overrides --reasoning-format (a dialect with reasoning
         blocks of its own always wants them separate)."""
-        spec, tokenizer = self.generator(request.model)
+        spec, tokenizer = self.generator(request.model, context)
         adapter = self._adapter(request, spec)
         if request.drop_oldest_to_fit:
             request = self._within_text_bound(spec, tokenizer, request)
@@ -143,41 +147,46 @@ class ChatService:
             request.n,
             TokenTexts(tokenizer),
             make_output,
+            context,
             images,
             checkpoints,
             self.catalog.context_length(spec),
             adapter,
         )
 
-    def prompt_tokens(self, request: ChatRequest) -> int:
+    def prompt_tokens(self, request: ChatRequest, context: RequestContext) -> int:
         """How many tokens the request's prompt takes, rendered exactly as for a reply."""
-        return len(self.chat_prompt(request)[1])
+        return len(self.chat_prompt(request, context)[1])
 
-    def chat_prompt(self, request: ChatRequest) -> tuple[ModelSpec, list[int]]:
+    def chat_prompt(
+        self, request: ChatRequest, context: RequestContext
+    ) -> tuple[ModelSpec, list[int]]:
         """The request's prompt tokens, rendered exactly as for a reply."""
-        spec, tokenizer = self.model(request.model)
+        spec, tokenizer = self.model(request.model, context)
         self._check_text(spec, tokenizer, request.text_length, request.messages_param)
         template = self.catalog.config_for(spec).chat_template
         injected = injects_tools(tokenizer, template, request.tool_definitions)
         return spec, self._render(spec, tokenizer, request, injected)[0]
 
     def text_tokens(
-        self, model: str | None, text: str, add_special_tokens: bool
+        self, model: str | None, context: RequestContext, text: str, add_special_tokens: bool
     ) -> tuple[ModelSpec, list[int]]:
-        spec, tokenizer = self.model(model)
+        spec, tokenizer = self.model(model, context)
         self._check_text(spec, tokenizer, len(text), "prompt")
         return spec, tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def detokenize(self, model: str | None, tokens: list[int]) -> tuple[ModelSpec, str]:
-        spec, tokenizer = self.model(model)
+    def detokenize(
+        self, model: str | None, context: RequestContext, tokens: list[int]
+    ) -> tuple[ModelSpec, str]:
+        spec, tokenizer = self.model(model, context)
         check_token_ids(tokenizer, tokens, "tokens")
         return spec, tokenizer.decode(tokens)
 
     def token_strings(self, spec: ModelSpec, tokens: list[int]) -> list[str]:
         return self.catalog.tokenizer(spec).convert_ids_to_tokens(tokens)
 
-    def prepare_completion(self, request: CompletionRequest) -> Prepared:
-        spec, tokenizer = self.generator(request.model)
+    def prepare_completion(self, request: CompletionRequest, context: RequestContext) -> Prepared:
+        spec, tokenizer = self.generator(request.model, context)
         for prompt in request.prompts:
             if isinstance(prompt, str):
                 self._check_text(spec, tokenizer, len(prompt), request.prompt_param)
@@ -185,8 +194,8 @@ class ChatService:
         if infill is None:
             prompts = encode_prompts(tokenizer, request)
         else:
-            context = sum(len(c.text) + len(c.filename) for c in infill.extra)
-            chars = len(infill.suffix) + len(infill.after_middle) + context
+            extra = sum(len(c.text) + len(c.filename) for c in infill.extra)
+            chars = len(infill.suffix) + len(infill.after_middle) + extra
             self._check_text(spec, tokenizer, chars, infill.param)
             name = request.model or self.catalog.name(spec)
             prompts, stop_tokens = infill_prompts(tokenizer, request, infill, name)
@@ -205,11 +214,12 @@ class ChatService:
             request.n,
             TokenTexts(tokenizer),
             lambda _: TextOutput(),
+            context,
             context_length=self.catalog.context_length(spec),
             adapter=self._adapter(request, spec),
         )
 
-    def run(self, prepared: Prepared, client_gone: Callable[[], bool]) -> GenerationRun:
+    def run(self, prepared: Prepared) -> GenerationRun:
         """The run of every choice: `n` for each prompt, seeded siblings apart."""
         plans = [
             ChoicePlan(
@@ -227,7 +237,7 @@ class ChatService:
             self.worker,
             prepared.spec,
             plans,
-            client_gone,
+            prepared.context,
             prepared.make_output,
             prepared.texts,
             prepared.context_length,
@@ -293,7 +303,7 @@ class ChatService:
         return _keep_last_chars(last, last.messages[-1].text_length - (last.text_length - bound))
 
     def embed(
-        self, request: EmbeddingRequest, client_gone: Callable[[], bool] = lambda: False
+        self, request: EmbeddingRequest, context: RequestContext
     ) -> tuple[ModelSpec, Embeddings]:
         if self.catalog.adapter(request.model) is not None:
             raise bad_request(
@@ -303,7 +313,11 @@ class ChatService:
                 code="model_not_embedding",
             )
         spec = self.models.resolve_kind(
-            request.model, "embedding", "it does not compute embeddings", "model_not_embedding"
+            request.model,
+            context,
+            "embedding",
+            "it does not compute embeddings",
+            "model_not_embedding",
         )
         tokenizer = self.catalog.tokenizer(spec)
         limit = self.catalog.context_length(spec)
@@ -316,15 +330,14 @@ class ChatService:
                     param = f"{request.inputs_param}[{i}]"
                     self._check_text(spec, tokenizer, len(given), param)
         inputs = tokenized(request, tokenizer, limit)
-        vectors = embed(self.worker, spec, inputs, self.config.prefill_chunk, client_gone)
-        if (record := current_request()) is not None:
-            record.meter(Metered(prompt_tokens=sum(map(len, inputs)), embedding_inputs=len(inputs)))
+        vectors = embed(self.worker, spec, inputs, self.config.prefill_chunk, context.client_gone)
+        context.meter(Metered(prompt_tokens=sum(map(len, inputs)), embedding_inputs=len(inputs)))
         return spec, Embeddings(shortened(vectors, request.dimensions), sum(map(len, inputs)))
 
-    def generator(self, requested: str | None):
+    def generator(self, requested: str | None, context: RequestContext):
         """The spec and tokenizer of a model that generates (a 400 for an embedding
         model)."""
-        spec = self.models.resolve(requested)
+        spec = self.models.resolve(requested, context)
         if not spec.generative:
             raise bad_request(
                 f"The model '{requested}' is a {spec.kind} model; send it to "
@@ -358,9 +371,9 @@ class ChatService:
             )
         return chosen.name
 
-    def model(self, requested: str | None):
+    def model(self, requested: str | None, context: RequestContext):
         """The spec and tokenizer of the model a request names (404 if not servable)."""
-        spec = self.models.resolve(requested)
+        spec = self.models.resolve(requested, context)
         return spec, self.catalog.tokenizer(spec)
 
     def _drop_oldest(self, spec: ModelSpec, tokenizer, request: ChatRequest, injected, rendered):

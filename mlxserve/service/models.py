@@ -13,12 +13,12 @@ from typing import Any
 from mlxserve.adapters.registry import DeclaredAdapter
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.engine.memory.loader import LoadedModel
-from mlxserve.keys.caller import current_caller, model_refused
+from mlxserve.keys.caller import Caller, model_refused
 from mlxserve.models.catalog import ModelCatalog
 from mlxserve.models.spec import ModelSpec, stored_bytes
 from mlxserve.postprocess.output import chat_markup, reasoning_markers
 from mlxserve.protocol.errors import ServiceError, bad_request, not_found, unavailable
-from mlxserve.telemetry.record import current_request
+from mlxserve.service.context import RequestContext
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class ServedModels:
 
     # What a request may name -------------------------------------------------------------
 
-    def resolve(self, requested: str | None) -> ModelSpec:
+    def resolve(self, requested: str | None, context: RequestContext) -> ModelSpec:
         """The spec of the model a request names (404 if not servable, 403 if the
         caller's key may not use it), noted in the request's record."""
         if not self.worker.alive:
@@ -48,16 +48,18 @@ class ServedModels:
         adapter = self.catalog.adapter(requested)
         base = self.catalog.name(spec)
         name = adapter.name if adapter is not None else base
-        if not current_caller().allows(requested, name, base):
+        if not context.caller.allows(requested, name, base):
             raise model_refused(requested or name)
-        if (record := current_request()) is not None:
-            record.model = name
+        if context.record is not None:
+            context.record.model = name
         return spec
 
-    def resolve_kind(self, requested: str | None, kind: str, refusal: str, code: str) -> ModelSpec:
+    def resolve_kind(
+        self, requested: str | None, context: RequestContext, kind: str, refusal: str, code: str
+    ) -> ModelSpec:
         """The spec of the model a request names, which must be of `kind`: else a 400
         that says what it is and `refusal` (what it does not do)."""
-        spec = self.resolve(requested)
+        spec = self.resolve(requested, context)
         if spec.kind != kind:
             name = requested or self.catalog.name(spec)
             raise bad_request(
@@ -114,10 +116,10 @@ class ServedModels:
 
     # The model list ------------------------------------------------------------------------
 
-    def entries(self) -> list[dict]:
+    def entries(self, caller: Caller) -> list[dict]:
         """Every servable model the caller may use (the --model ones first) with its
         capabilities, then the adapters (with their base's)."""
-        catalog, caller = self.catalog, current_caller()
+        catalog = self.catalog
         models = [
             {**self._model_entry(name, spec), "capabilities": self.capabilities(spec)}
             for name, spec in catalog.listed().items()
@@ -174,8 +176,8 @@ class ServedModels:
         pinned = self.worker.models.pinned(spec)
         return {"id": name, "object": "model", "state": state, "pinned": pinned}
 
-    def load_now(self) -> Load:
-        catalog, worker, caller = self.catalog, self.worker, current_caller()
+    def load_now(self, caller: Caller) -> Load:
+        catalog, worker = self.catalog, self.worker
         in_memory = {m.spec: m.nbytes for m in worker.models.resident}
         models = [
             {**self._model_entry(name, spec), "memory_bytes": in_memory.get(spec, 0)}

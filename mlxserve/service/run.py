@@ -23,10 +23,10 @@ from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.models.spec import ModelSpec
 from mlxserve.postprocess.events import Event, Reasoning, ToolCallStart
 from mlxserve.protocol.errors import ClientGone, unavailable
-from mlxserve.service.priority import at_idle_priority
+from mlxserve.service.context import RequestContext
 from mlxserve.service.results import Choice, TokenLogprob, Usage
 from mlxserve.service.token_texts import TokenTexts
-from mlxserve.telemetry.record import Metered, current_request
+from mlxserve.telemetry.record import Metered
 
 POLL_SECONDS = 0.25
 DIVERGENCE_CONTEXT = 16  # tokens of text shown either side of where a prompt diverged
@@ -69,7 +69,7 @@ class GenerationRun:
         worker: GenerationWorker,
         spec: ModelSpec,
         plans: list[ChoicePlan],
-        client_gone: Callable[[], bool],
+        context: RequestContext,
         make_output: Callable[[list[int]], Any],
         texts: TokenTexts,
         context_length: int | None = None,
@@ -82,12 +82,12 @@ class GenerationRun:
         self._context_length = context_length
         self._spec = spec
         self._plans = plans
-        self._client_gone = client_gone
+        self._client_gone = context.client_gone
         self._make_output = make_output
         self.usage = Usage()
         self._jobs: list[GenerationJob] = []
-        self._record = current_request()  # the HTTP request this run answers, if any
-        self._idle_priority = at_idle_priority()  # batch work
+        self._record = context.record  # the request this run answers, if any
+        self._idle_priority = context.idle_priority  # batch work
         if self._record is not None:
             self._record.generated = True
 

@@ -146,12 +146,10 @@ _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
 )
 
 
-def current_request() -> RequestRecord | None:
-    return _current.get()
-
-
 @contextmanager
 def recording(record: RequestRecord) -> Iterator[RequestRecord]:
+    """The block's log lines carry the request's id (RequestIdFilter). Only the logs read
+    it from here: the core is given the request (service/context.py)."""
     token = _current.set(record)
     try:
         yield record

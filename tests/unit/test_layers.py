@@ -55,3 +55,23 @@ def test_nothing_below_the_edge_imports_it():
         if module.startswith("mlxserve.api")
     ]
     assert breaches == []
+
+
+def test_the_core_is_given_the_request_it_serves():
+    """Who asks, the request's record, its client's leaving and its priority reach the
+    core as a RequestContext argument (service/context.py): below the edge nothing reads
+    the caller from the thread (keys/caller.py's `current_caller`, which the edge's record
+    ownership reads), nor holds a context variable of its own, the request id's for log
+    lines (telemetry/record.py) and a verify pass's recorded steps aside."""
+    own_variables = {"telemetry/record.py", "engine/speculation/recurrent_steps.py"}
+    breaches = []
+    for path in modules(PACKAGE):
+        where = str(path.relative_to(PACKAGE))
+        if EDGE in path.parents or where.startswith("keys/"):
+            continue
+        for module, names in imports(ast.parse(path.read_text(), str(path))):
+            if {"current_caller", "calling"} & set(names):
+                breaches.append(f"{where}: imports {names} from {module}")
+            if "contextvars" in (module, *names) and where not in own_variables:
+                breaches.append(f"{where}: a context variable")
+    assert breaches == []

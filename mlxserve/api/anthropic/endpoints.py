@@ -21,6 +21,7 @@ from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.request import ChatRequest
 from mlxserve.service.chat import ChatService
+from mlxserve.service.context import RequestContext
 from mlxserve.service.results import Choice, Usage
 
 # Thinking goes out as thinking blocks whatever --reasoning-format says: they are
@@ -39,16 +40,18 @@ class AnthropicEndpoints:
 
     def messages(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(MessagesRequest, raw)
-        edited = context.edit(wire.context_management, wire.messages, self._tokens(wire))
+        edited = context.edit(
+            wire.context_management, wire.messages, self._tokens(wire, responder.context)
+        )
         request = chat_request(wire.model_copy(update={"messages": edited.messages}))
-        mcp = connector(wire, self.mcp, self.service.config.mcp_allow_urls)
+        mcp = connector(wire, self.mcp, self.service.config.mcp_allow_urls, responder.context)
         if mcp is not None:
             try:
                 return self._rounds(wire, request, mcp, edited.applied, responder)
             finally:
                 mcp.close()
-        prepared = self.service.prepare_chat(request, REASONING_FORMAT)
-        run = self.service.run(prepared, responder.client_gone)
+        prepared = self.service.prepare_chat(request, responder.context, REASONING_FORMAT)
+        run = self.service.run(prepared)
         # with context_management, the reply says what it cleared (maybe nothing)
         applied = None if wire.context_management is None else {"applied_edits": edited.applied}
         omitted = wire.thinking is not None and wire.thinking.omitted
@@ -90,9 +93,11 @@ class AnthropicEndpoints:
             for _ in range(MAX_MCP_ROUNDS):
                 extra = _round_messages(fmt.earlier)
                 prepared = self.service.prepare_chat(
-                    replace(request, messages=request.messages + extra), REASONING_FORMAT
+                    replace(request, messages=request.messages + extra),
+                    responder.context,
+                    REASONING_FORMAT,
                 )
-                run = self.service.run(prepared, responder.client_gone)
+                run = self.service.run(prepared)
                 if sse is not None and stream is None:
                     stream = MessageStream(sse, fmt, len(prepared.prompts[0]))
                 choice = self._round(run, stream, usage, sse)
@@ -138,19 +143,19 @@ class AnthropicEndpoints:
         """The prompt's tokens once the request's context edits are applied; with
         `context_management`, the count before them as `original_input_tokens`."""
         wire = parse(CountTokensRequest, raw)
-        tokens = self._tokens(wire)
+        tokens = self._tokens(wire, responder.context)
         edited = context.edit(wire.context_management, wire.messages, tokens)
         reply: dict = {"input_tokens": tokens(edited.messages)}
         if wire.context_management is not None:
             reply["context_management"] = {"original_input_tokens": tokens(wire.messages)}
         return reply
 
-    def _tokens(self, wire: CountTokensRequest) -> context.PromptTokens:
+    def _tokens(self, wire: CountTokensRequest, asked: RequestContext) -> context.PromptTokens:
         """The prompt tokens of `wire` with other messages, counted by the service as
         count_tokens counts them."""
         return context.PromptTokens(
             lambda messages: self.service.prompt_tokens(
-                chat_request(wire.model_copy(update={"messages": messages}))
+                chat_request(wire.model_copy(update={"messages": messages})), asked
             )
         )
 

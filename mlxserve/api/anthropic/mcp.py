@@ -18,6 +18,7 @@ from mlxserve.api.anthropic.requests import (
 from mlxserve.api.mcp_servers import McpFunction, OfferedTools, open_url, unavailable
 from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol.errors import bad_request
+from mlxserve.service.context import RequestContext
 
 
 @dataclass
@@ -42,7 +43,9 @@ class McpConnector(OfferedTools):
         }
 
 
-def connector(wire: MessagesRequest, hub: McpHub, allow: tuple[str, ...]) -> McpConnector | None:
+def connector(
+    wire: MessagesRequest, hub: McpHub, allow: tuple[str, ...], context: RequestContext
+) -> McpConnector | None:
     """The request's MCP servers, connected and listed (the caller closes them); None
     without any."""
     servers = wire.mcp_servers or []
@@ -56,7 +59,7 @@ def connector(wire: MessagesRequest, hub: McpHub, allow: tuple[str, ...]) -> Mcp
     if not servers:
         return None
     taken = {tool.name for tool in wire.tools or [] if isinstance(tool, Tool)}
-    mcp = McpConnector(hub)
+    mcp = McpConnector(hub, context)
     try:
         for i, server in enumerate(servers):
             _add(mcp, server, f"mcp_servers[{i}]", toolsets.get(server.name), taken, allow)

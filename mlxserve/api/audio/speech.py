@@ -21,7 +21,8 @@ from mlxserve.audio.codec import OUTPUT_FORMATS, encode
 from mlxserve.audio.speech import SpeechRequest
 from mlxserve.protocol.errors import ClientGone, bad_request
 from mlxserve.service.chat import ChatService
-from mlxserve.telemetry.record import Metered, current_request
+from mlxserve.service.context import RequestContext
+from mlxserve.telemetry.record import Metered
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit
 
@@ -44,13 +45,17 @@ class SpeechEndpoints:
         wire = parse(SpeechBody, raw)
         service = self.service
         spec = service.models.resolve_kind(
-            wire.model, "speech", "it does not synthesise speech", "model_not_speech"
+            wire.model,
+            responder.context,
+            "speech",
+            "it does not synthesise speech",
+            "model_not_speech",
         )
         if not wire.input.strip():
             raise bad_request("input must hold text to speak.", "input")
         request = SpeechRequest(wire.model, wire.input.strip(), wire.voice, wire.speed)
         rate, audio = service.media.synthesize(spec, request, responder.client_gone)
-        encoded = encode(_metered(audio, rate), rate, wire.response_format)
+        encoded = encode(_metered(audio, rate, responder.context), rate, wire.response_format)
         fmt = OUTPUT_FORMATS[wire.response_format]
         if wire.stream_format == "sse":
             _events(responder, encoded)
@@ -61,14 +66,15 @@ class SpeechEndpoints:
         return None
 
 
-def _metered(parts: Iterator[np.ndarray], rate: int) -> Iterator[np.ndarray]:
-    """The audio's parts, its seconds counted in the request's record after the last."""
-    record, samples = current_request(), 0
+def _metered(
+    parts: Iterator[np.ndarray], rate: int, context: RequestContext
+) -> Iterator[np.ndarray]:
+    """The audio's parts, its seconds charged to the request after the last."""
+    samples = 0
     for part in parts:
         samples += len(part)
         yield part
-    if record is not None:
-        record.meter(Metered(audio_seconds=samples / rate))
+    context.meter(Metered(audio_seconds=samples / rate))
 
 
 def _chunks(responder: Responder, encoded, content_type: str) -> None:

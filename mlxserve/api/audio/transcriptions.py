@@ -23,7 +23,7 @@ from mlxserve.audio.transcription import (
 )
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request
 from mlxserve.service.chat import ChatService
-from mlxserve.telemetry.record import Metered, current_request
+from mlxserve.telemetry.record import Metered, RequestRecord
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAMED_FORMATS = ("json", "text")  # a stream carries text; timings need the whole
@@ -115,12 +115,18 @@ class TranscriptionEndpoints:
             parse_form(responder.header("Content-Type"), raw), task, service.config.max_audio_bytes
         )
         spec = service.models.resolve_kind(
-            form.model, "transcription", "it does not transcribe speech", "model_not_transcription"
+            form.model,
+            responder.context,
+            "transcription",
+            "it does not transcribe speech",
+            "model_not_transcription",
         )
         audio = decode(form.audio, SAMPLE_RATE)
         seconds = len(audio) / SAMPLE_RATE
         windows = _counted(
-            service.media.transcribe(spec, audio, form.options, responder.client_gone), seconds
+            service.media.transcribe(spec, audio, form.options, responder.client_gone),
+            seconds,
+            responder.context.record,
         )
         if form.stream:
             _stream(responder, windows, seconds)
@@ -128,11 +134,12 @@ class TranscriptionEndpoints:
         return _reply(form, list(windows), seconds)
 
 
-def _counted(windows: Iterator[Window], seconds: float) -> Iterator[Window]:
+def _counted(
+    windows: Iterator[Window], seconds: float, record: RequestRecord | None
+) -> Iterator[Window]:
     """The windows, each one's transcript tokens counted in the request's record (the
     access log and metrics: as completion tokens), and the audio's `seconds` once the
     last is out."""
-    record = current_request()
     for window in windows:
         if record is not None:
             record.add_usage(0, 0, sum(len(s.tokens) for s in window.segments))

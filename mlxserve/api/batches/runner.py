@@ -1,5 +1,5 @@
 """Runs batch lines, each through the same endpoint a client's request takes, at idle
-priority (see service/priority.py), and ends each batch once its lines are answered.
+priority (RequestContext.idle_priority), and ends each batch once its lines are answered.
 
 A line's reply (or its error, in the endpoint's dialect) is written to the store before
 it counts. A line whose run did not end in an answer (it gave its slot to an interactive
@@ -44,7 +44,7 @@ from mlxserve.protocol.errors import (
     ServiceError,
     internal_error,
 )
-from mlxserve.service.priority import idle_priority
+from mlxserve.service.context import RequestContext
 from mlxserve.telemetry.record import RequestRecord, recording
 
 log = logging.getLogger(__name__)
@@ -70,11 +70,11 @@ class _LineResponder:
     """The connection a batch line's endpoint sees: never streamed; gone once its batch is
     cancelled or the server stops."""
 
-    def __init__(self, gone: Callable[[], bool]):
-        self._gone = gone
+    def __init__(self, context: RequestContext):
+        self.context = context
 
     def client_gone(self) -> bool:
-        return self._gone()
+        return self.context.client_gone()
 
     def open_stream(self, content_type: str = "") -> BufferedIOBase:
         raise RuntimeError("a batch line is never streamed")
@@ -195,18 +195,23 @@ class BatchRunner:
         target = f"{line.url} (batch {line.batch_id})"
         record = RequestRecord(line.request_id, "POST", target, on_token=self._on_token)
         with recording(record):
-            answer = self._reply(line)
+            answer = self._reply(line, record)
             if answer is not None:
                 record.status = answer.status
                 record.finished = time.monotonic()
                 access_log.info(record.access_line())
         return answer, record
 
-    def _reply(self, line: LineRecord) -> Answer | None:
+    def _reply(self, line: LineRecord, record: RequestRecord) -> Answer | None:
         endpoint = self._endpoints[line.url]
-        responder = _LineResponder(lambda: self._stopping or self._cancelled(line.batch_id))
+
+        def gone() -> bool:
+            return self._stopping or self._cancelled(line.batch_id)
+
         try:
-            with idle_priority(), calling(self._keys.caller_named(line.owner)):
+            caller = self._keys.caller_named(line.owner)  # a 401 once revoked: its answer
+            responder = _LineResponder(RequestContext(caller, record, gone, idle_priority=True))
+            with calling(caller):  # the records it makes are its owner's
                 reply = endpoint(line.body or b"{}", responder)
             if not isinstance(reply, dict):
                 raise RuntimeError(f"{line.url} gave no JSON reply")

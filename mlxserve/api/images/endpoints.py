@@ -26,7 +26,8 @@ from mlxserve.images.service import Rendered
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request
 from mlxserve.service.chat import ChatService
-from mlxserve.telemetry.record import Metered, current_request
+from mlxserve.service.context import RequestContext
+from mlxserve.telemetry.record import Metered
 
 MAX_PROMPT_CHARS = 32_000  # OpenAI's (gpt-image-1)
 MAX_IMAGES = 10  # n, as OpenAI allows
@@ -87,7 +88,7 @@ class ImageEndpoints:
 
     def generations(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(GenerationBody, raw)
-        spec = self._spec(wire.model)
+        spec = self._spec(wire.model, responder.context)
         if not wire.prompt.strip():
             raise bad_request("prompt must hold text to draw.", "prompt")
         width, height = _size(wire.size or "auto", None)
@@ -100,7 +101,7 @@ class ImageEndpoints:
 
     def edits(self, raw: bytes, responder: Responder) -> dict | None:
         form = parse_form(responder.header("Content-Type"), raw, "the image")
-        spec = self._spec(form.text("model"))
+        spec = self._spec(form.text("model"), responder.context)
         wire = _edit_body(form)
         if not wire.prompt.strip():
             raise bad_request("prompt must say what to change.", "prompt")
@@ -130,7 +131,7 @@ class ImageEndpoints:
             spec, jobs, options, responder, "image_edit", image_tokens(width, height)
         )
 
-    def _spec(self, model: str | None) -> ModelSpec:
+    def _spec(self, model: str | None, context: RequestContext) -> ModelSpec:
         """The model named; none named, or one of OpenAI's image models that this server
         does not have (dall-e-3, gpt-image-1: what LibreChat and older clients send), the
         first image model this server serves."""
@@ -138,7 +139,7 @@ class ImageEndpoints:
         if model is None or (model.startswith(OPENAI_IMAGE_MODELS) and not models.knows(model)):
             model = models.first_of_kind("image") or model
         return self.service.models.resolve_kind(
-            model, "image", "it does not generate images", "model_not_image"
+            model, context, "image", "it does not generate images", "model_not_image"
         )
 
     def _answer(
@@ -153,7 +154,7 @@ class ImageEndpoints:
         if options.stream:
             jobs = [_with_previews(job, options.partial_images) for job in jobs]
         rendered = self.service.media.render(spec, jobs, responder.client_gone)
-        usage = _Usage(options, input_image_tokens)
+        usage = _Usage(options, input_image_tokens, responder.context)
         if options.stream:
             _stream(responder, rendered, usage, options, event)
             return None
@@ -181,7 +182,8 @@ class _Usage:
     """OpenAI's image usage: the prompt's text tokens (and an edit's image tokens) in,
     the DiT's image tokens out; metered for the request's key when the last is done."""
 
-    def __init__(self, options: ImageOptions, input_image_tokens: int):
+    def __init__(self, options: ImageOptions, input_image_tokens: int, context: RequestContext):
+        self._context = context
         self.text_tokens = 0
         self.image_tokens_in = input_image_tokens
         self.image_tokens_out = 0
@@ -189,22 +191,19 @@ class _Usage:
         self._per_image = image_tokens(options.width, options.height)
 
     def counting(self, rendered: Iterator[Rendered]) -> Iterator[Rendered]:
-        record = current_request()
         for image in rendered:
             if image.final:
                 self.text_tokens = image.prompt_tokens
                 self.images += 1
                 self.image_tokens_out += self._per_image
             yield image
-        if record is not None:
-            prompt = self.text_tokens + self.image_tokens_in
-            record.meter(
-                Metered(
-                    prompt_tokens=prompt,
-                    completion_tokens=self.image_tokens_out,
-                    images=self.images,
-                )
+        self._context.meter(
+            Metered(
+                prompt_tokens=self.text_tokens + self.image_tokens_in,
+                completion_tokens=self.image_tokens_out,
+                images=self.images,
             )
+        )
 
     def body(self, images: int | None = None) -> dict:
         """The request's usage, or (`images`) that of so many of its images."""

@@ -70,11 +70,11 @@ class InfillEndpoints:
 
     def infill(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(InfillRequest, raw)
-        prepared = self.service.prepare_completion(infill_request(wire))
+        prepared = self.service.prepare_completion(infill_request(wire), responder.context)
         tokenizer = self.service.models.tokenizer(prepared.spec)
         model = wire.model or self.service.models.alias
         middle = Middle(wire.n_indent, wire.t_max_predict_ms)
-        run = self.service.run(prepared, responder.client_gone)
+        run = self.service.run(prepared)
         sse = SSEWriter(responder) if wire.stream else None
         pings = keepalive(sse, self.service.config.keepalive_seconds)
         cut = False

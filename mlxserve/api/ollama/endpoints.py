@@ -32,12 +32,14 @@ from mlxserve.api.responder import Responder
 from mlxserve.api.sse import NDJSONWriter, stream_failure
 from mlxserve.api.wire import parse
 from mlxserve.chat.fim import find_fim
+from mlxserve.keys.caller import Caller
 from mlxserve.models.demo import has_accelerator
 from mlxserve.models.spec import ModelSpec
 from mlxserve.postprocess.events import Content, Reasoning
 from mlxserve.protocol.errors import ErrorKind, ServiceError, bad_request, not_found, unavailable
 from mlxserve.protocol.request import EmbeddingRequest
 from mlxserve.service.chat import ChatService, Prepared
+from mlxserve.service.context import RequestContext
 from mlxserve.service.results import Choice
 from mlxserve.service.run import Step
 
@@ -69,11 +71,11 @@ class OllamaEndpoints:
     def version(self) -> dict:
         return {"version": VERSION}
 
-    def tags(self) -> dict:
+    def tags(self, caller: Caller) -> dict:
         """Every model `mlxserve ls` would list, the served ones, the adapters and the
         names made by copy and create, most recently modified first."""
         models = []
-        for entry in self._listed():
+        for entry in self._listed(caller):
             folder = entry.weights_folder
             details = catalog.details(entry.spec.path)
             models.append(
@@ -89,9 +91,11 @@ class OllamaEndpoints:
         models.sort(key=lambda m: str(m["modified_at"]), reverse=True)
         return {"models": models}
 
-    def ps(self) -> dict:
+    def ps(self, caller: Caller) -> dict:
         models = self.service.models
-        names = {entry.spec: entry.name for entry in reversed(self._listed()) if not entry.parent}
+        names = {
+            entry.spec: entry.name for entry in reversed(self._listed(caller)) if not entry.parent
+        }
         now = datetime.now(timezone.utc)
         running = []
         for loaded in models.resident:
@@ -117,7 +121,7 @@ class OllamaEndpoints:
 
     def show(self, raw: bytes, responder: Responder) -> dict:
         name = _required(parse(ShowRequest, raw).named)
-        spec = self._spec(name, f"model '{ollama_name(name)}' not found")
+        spec = self._spec(name, responder.context, f"model '{ollama_name(name)}' not found")
         path = spec.path
         made = self.names.get(served_name(name))
         template = ""
@@ -143,7 +147,7 @@ class OllamaEndpoints:
 
     def chat(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ChatRequest, raw)
-        spec = self._spec(_required(wire.model))
+        spec = self._spec(_required(wire.model), responder.context)
         keep = keep_alive_seconds(wire.keep_alive)
         shape = ReplyShape(wire.model, chat=True)
         if not wire.messages:
@@ -155,13 +159,13 @@ class OllamaEndpoints:
         if made is not None:
             request = made.apply(request)
         clock = Clock(load=self._resident(spec, keep))
-        prepared = self.service.prepare_chat(request, REASONING_FORMAT)
+        prepared = self.service.prepare_chat(request, responder.context, REASONING_FORMAT)
         self._check_context(options, prepared)
         return self._reply(prepared, shape, wire.stream, responder, clock, spec, keep)
 
     def generate(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(GenerateRequest, raw)
-        spec = self._spec(_required(wire.model))
+        spec = self._spec(_required(wire.model), responder.context)
         keep = keep_alive_seconds(wire.keep_alive)
         shape = ReplyShape(wire.model, chat=False)
         if not wire.prompt and not wire.images and wire.suffix is None:
@@ -182,16 +186,19 @@ class OllamaEndpoints:
             request = generate_chat(wire, model, options)
             if made is not None:
                 request = made.apply(request)
-            prepared = self.service.prepare_chat(request, REASONING_FORMAT)
+            prepared = self.service.prepare_chat(request, responder.context, REASONING_FORMAT)
         else:
+            raw_prompt = self._raw_prompt(wire, model, responder.context)
             prepared = self.service.prepare_completion(
-                generate_completion(wire, model, options, self._raw_prompt(wire, model))
+                generate_completion(wire, model, options, raw_prompt), responder.context
             )
         self._check_context(options, prepared)
         context = prepared.prompts[0] if not wire.raw else None
         return self._reply(prepared, shape, wire.stream, responder, clock, spec, keep, context)
 
-    def _raw_prompt(self, wire: GenerateRequest, model: str) -> str | tuple[int, ...]:
+    def _raw_prompt(
+        self, wire: GenerateRequest, model: str, context: RequestContext
+    ) -> str | tuple[int, ...]:
         """The prompt of a generate without its template: raw text, or an earlier
         exchange's `context` continued by this prompt (templated unless raw)."""
         if wire.images:
@@ -202,9 +209,9 @@ class OllamaEndpoints:
         if not wire.context:
             return wire.prompt
         if wire.raw:
-            tokens = self.service.text_tokens(model, wire.prompt, False)[1]
+            tokens = self.service.text_tokens(model, context, wire.prompt, False)[1]
         else:
-            tokens = self.service.chat_prompt(generate_chat(wire, model, Options()))[1]
+            tokens = self.service.chat_prompt(generate_chat(wire, model, Options()), context)[1]
         return (*wire.context, *tokens)
 
     def _reply(
@@ -218,7 +225,7 @@ class OllamaEndpoints:
         keep: float | None,
         context: list[int] | None = None,
     ) -> dict | None:
-        run = self.service.run(prepared, responder.client_gone)
+        run = self.service.run(prepared)
         writer = NDJSONWriter(responder) if stream else None
         reply = _Reply(shape, prepared)
         clock.begin()
@@ -266,7 +273,7 @@ class OllamaEndpoints:
 
     def embed(self, raw: bytes, responder: Responder) -> dict:
         wire = parse(EmbedRequest, raw)
-        spec = self._embedding_spec(wire.model)
+        spec = self._embedding_spec(wire.model, responder.context)
         keep = keep_alive_seconds(wire.keep_alive)
         inputs = [wire.input] if isinstance(wire.input, str) else wire.input
         clock = Clock(load=self._resident(spec, keep))
@@ -278,7 +285,7 @@ class OllamaEndpoints:
             dimensions=wire.dimensions,
             keep_last_tokens=-1 if wire.truncate else None,
         )
-        _, found = self.service.embed(request, responder.client_gone)
+        _, found = self.service.embed(request, responder.context)
         vectors = found.vectors / np.maximum(
             np.linalg.norm(found.vectors, axis=1, keepdims=True), 1e-12
         )
@@ -294,19 +301,20 @@ class OllamaEndpoints:
 
     def embeddings(self, raw: bytes, responder: Responder) -> dict:
         wire = parse(EmbeddingsRequest, raw)
-        spec = self._embedding_spec(wire.model)
+        spec = self._embedding_spec(wire.model, responder.context)
         keep = keep_alive_seconds(wire.keep_alive)
         self._resident(spec, keep)
         if not wire.prompt:
             return {"embedding": []}
         request = EmbeddingRequest(model=self._model(wire.model), inputs=(wire.prompt,))
-        _, found = self.service.embed(request, responder.client_gone)
+        _, found = self.service.embed(request, responder.context)
         if keep == 0:
             self.service.models.expire(spec)
         return {"embedding": found.vectors[0].astype(float).tolist()}
 
-    def _embedding_spec(self, name: str) -> ModelSpec:
-        spec = self._spec(_required(name), f'model "{name}" not found, try pulling it first')
+    def _embedding_spec(self, name: str, context: RequestContext) -> ModelSpec:
+        missing = f'model "{name}" not found, try pulling it first'
+        spec = self._spec(_required(name), context, missing)
         if spec.kind != "embedding":
             raise bad_request(f'"{name}" does not support embeddings', param="model")
         return spec
@@ -337,7 +345,7 @@ class OllamaEndpoints:
         if self.names.get(internal) is not None:
             self.names.remove(internal)
             return {}  # Ollama's has no body; its clients read the status only
-        spec = self._spec(name)
+        spec = self._spec(name, responder.context)
         served = self.service.models.served()
         if internal in served or spec in served.values():
             raise ServiceError(
@@ -354,7 +362,7 @@ class OllamaEndpoints:
         source = _required(wire.source, 'source "" is invalid')
         destination = _required(wire.destination, 'destination "" is invalid')
         try:
-            self._spec(source)
+            self._spec(source, responder.context)
         except ServiceError as e:
             if e.kind is ErrorKind.NOT_FOUND:
                 raise not_found(f'model "{source}" not found') from e
@@ -374,7 +382,7 @@ class OllamaEndpoints:
                 param=what,
             )
         base = _required(wire.from_, "neither 'from' or 'files' was specified")
-        self._spec(base)
+        self._spec(base, responder.context)
         read_options(wire.parameters, "parameters")  # refused now, not at each request
         self.names.create(served_name(name), served_name(base), wire, self.service)
         lines = [{"status": "using existing layer"}, {"status": "writing manifest"}]
@@ -389,12 +397,12 @@ class OllamaEndpoints:
 
     # Helpers ----------------------------------------------------------------------------
 
-    def _listed(self) -> list[Listed]:
+    def _listed(self, caller: Caller) -> list[Listed]:
         """Every model an Ollama client can use: the models, the adapters (on their
         base), and the names made by copy and create."""
         models = self.service.models
         found = []
-        for entry in models.entries():
+        for entry in models.entries(caller):
             if entry["kind"] not in (*KINDS, "adapter"):
                 continue
             spec = models.spec_of(entry["id"])
@@ -411,10 +419,10 @@ class OllamaEndpoints:
             found.append(Listed(name, spec, spec.path, ollama_name(made.base)))
         return found
 
-    def _spec(self, name: str, missing: str | None = None) -> ModelSpec:
+    def _spec(self, name: str, context: RequestContext, missing: str | None = None) -> ModelSpec:
         """The model a request names (NAME:latest is NAME), or Ollama's 404."""
         try:
-            return self.service.models.resolve(self._model(name))
+            return self.service.models.resolve(self._model(name), context)
         except ServiceError as e:
             if e.kind is ErrorKind.NOT_FOUND:
                 raise not_found(missing or f"model '{name}' not found") from e

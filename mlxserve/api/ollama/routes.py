@@ -7,15 +7,15 @@ from mlxserve.api.ollama.endpoints import OllamaEndpoints
 from mlxserve.api.ollama.errors import ERRORS
 from mlxserve.api.openapi import shapes as s
 from mlxserve.api.openapi.shapes import JSON
-from mlxserve.api.table import Route, plain, with_body
+from mlxserve.api.table import Route, as_caller, plain, with_body
 
 TAG = "ollama"
 
 # HEAD is answered where Ollama's clients probe: the version and the model list.
 ROUTES: tuple[Route[OllamaEndpoints], ...] = (
     Route("GET", "/api/version", plain(OllamaEndpoints.version), "Ollama: the API version served", TAG, {JSON: s.OLLAMA_VERSION}, ERRORS, head=True),
-    Route("GET", "/api/tags", plain(OllamaEndpoints.tags), "Ollama: the models", TAG, {JSON: s.OLLAMA_TAGS}, ERRORS, head=True),
-    Route("GET", "/api/ps", plain(OllamaEndpoints.ps), "Ollama: the models in memory", TAG, {JSON: s.OLLAMA_PS}, ERRORS),
+    Route("GET", "/api/tags", as_caller(OllamaEndpoints.tags), "Ollama: the models", TAG, {JSON: s.OLLAMA_TAGS}, ERRORS, head=True),
+    Route("GET", "/api/ps", as_caller(OllamaEndpoints.ps), "Ollama: the models in memory", TAG, {JSON: s.OLLAMA_PS}, ERRORS),
     Route("POST", "/api/show", with_body(OllamaEndpoints.show), "Ollama: a model's details", TAG, {JSON: s.OLLAMA_SHOW}, ERRORS, o.ShowRequest),
     Route("POST", "/api/chat", with_body(OllamaEndpoints.chat), "Ollama: chat", TAG, s.lines(s.OLLAMA_REPLY), ERRORS, o.ChatRequest),
     Route("POST", "/api/generate", with_body(OllamaEndpoints.generate), "Ollama: generate (raw, context, suffix)", TAG, s.lines(s.OLLAMA_REPLY), ERRORS, o.GenerateRequest),

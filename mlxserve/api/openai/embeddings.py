@@ -59,7 +59,7 @@ class EmbeddingEndpoints:
 
     def embeddings(self, raw: bytes, responder: Responder) -> dict:
         wire = parse(EmbeddingsRequest, raw)
-        spec, result = self.service.embed(wire.neutral(), responder.client_gone)
+        spec, result = self.service.embed(wire.neutral(), responder.context)
         encode = _base64 if wire.encoding_format == "base64" else _floats
         return {
             "object": "list",

@@ -19,8 +19,10 @@ from mlxserve.api.openai.responses import ChatFormat, CompletionFormat
 from mlxserve.api.responder import Responder
 from mlxserve.api.sse import SSEWriter, keepalive, stream_failure
 from mlxserve.api.wire import parse
+from mlxserve.keys.caller import Caller
 from mlxserve.protocol.errors import ErrorKind, ServiceError, not_found
 from mlxserve.service.chat import ChatService, Prepared
+from mlxserve.service.context import RequestContext
 from mlxserve.service.run import Step
 
 
@@ -31,17 +33,17 @@ class OpenAIEndpoints:
     def health(self) -> tuple[int, dict]:
         return self.service.models.health()
 
-    def models(self) -> dict:
-        return {"object": "list", "data": self.service.models.entries()}
+    def models(self, caller: Caller) -> dict:
+        return {"object": "list", "data": self.service.models.entries(caller)}
 
-    def model(self, model_id: str) -> dict:
+    def model(self, model_id: str, context: RequestContext) -> dict:
         """Any name a request may use: a listed id, or an alias, `default`, a cached
         model or a folder a request may name (its entry, under the name asked for)."""
-        for entry in self.service.models.entries():
+        for entry in self.service.models.entries(context.caller):
             if entry["id"] == model_id:
                 return entry
         try:
-            self.service.models.resolve(model_id)
+            self.service.models.resolve(model_id, context)
         except ServiceError as e:
             # a model the caller's key may not use is not there for it, as in the list
             if e.kind not in (ErrorKind.NOT_FOUND, ErrorKind.FORBIDDEN):
@@ -76,7 +78,7 @@ class OpenAIEndpoints:
         entry)."""
         wire = parse(AdapterLoad, raw)
         self.service.models.add_adapter(wire.name, wire.path, wire.model)
-        return self.model(wire.name)
+        return self.model(wire.name, responder.context)
 
     def unload_adapter(self, raw: bytes, responder: Responder) -> dict:
         """POST /v1/adapters/unload: stop serving an adapter."""
@@ -86,14 +88,14 @@ class OpenAIEndpoints:
 
     def chat(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ChatRequest, raw)
-        prepared = self.service.prepare_chat(chat_request(wire))
+        prepared = self.service.prepare_chat(chat_request(wire), responder.context)
         model = wire.model or self.service.models.alias
         fmt = ChatFormat(model, prepared.texts, legacy_functions=wire.legacy_functions)
         return self._reply(prepared, fmt, wire.stream, wire.include_usage, responder)
 
     def completion(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(CompletionRequest, raw)
-        prepared = self.service.prepare_completion(completion_request(wire))
+        prepared = self.service.prepare_completion(completion_request(wire), responder.context)
         fmt = CompletionFormat(wire.model or self.service.models.alias, prepared.texts)
         return self._reply(prepared, fmt, wire.stream, wire.include_usage, responder)
 
@@ -105,7 +107,7 @@ class OpenAIEndpoints:
         include_usage: bool,
         responder: Responder,
     ) -> dict | None:
-        run = self.service.run(prepared, responder.client_gone)
+        run = self.service.run(prepared)
         if not stream:
             return fmt.response(run.collect(), run.usage)
         sse = SSEWriter(responder)

@@ -41,17 +41,17 @@ class TokenizeEndpoints:
         options = validate(TokenizeOptions, body)
         if "messages" in body:
             request = chat_request(validate(ChatRequest, body))
-            spec, tokens = self.service.chat_prompt(request)
+            spec, tokens = self.service.chat_prompt(request, responder.context)
         else:
             text = validate(TokenizeText, body)
             spec, tokens = self.service.text_tokens(
-                text.model, text.prompt, text.add_special_tokens
+                text.model, responder.context, text.prompt, text.add_special_tokens
             )
         return self._tokens(spec, tokens, options.return_token_strs)
 
     def detokenize(self, raw: bytes, responder: Responder) -> dict:
         request = validate(Detokenize, parse_json_body(raw))
-        _, text = self.service.detokenize(request.model, request.tokens)
+        _, text = self.service.detokenize(request.model, responder.context, request.tokens)
         return {"prompt": text}
 
     def _tokens(self, spec: ModelSpec, tokens: list[int], with_strings: bool) -> dict:

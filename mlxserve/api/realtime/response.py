@@ -9,7 +9,6 @@ import base64
 import logging
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from mlxserve.api.openai.errors import error_body
@@ -18,11 +17,13 @@ from mlxserve.api.openai.requests import chat_request
 from mlxserve.api.realtime.conversation import Conversation, Spoken, new_id
 from mlxserve.api.realtime.speaker import Sentences, Voice, speak
 from mlxserve.api.realtime.wire import RATE, AudioFormat, FunctionTool, ToolChoice
+from mlxserve.api.table import Turn
 from mlxserve.api.wire import validate
 from mlxserve.audio.codec import pcm16_bytes
 from mlxserve.postprocess.events import Content, ToolCallArguments, ToolCallStart
 from mlxserve.protocol.errors import ClientGone, ServiceError
 from mlxserve.service.chat import ChatService
+from mlxserve.service.context import RequestContext
 from mlxserve.service.results import Usage
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class ResponseRun:
         lock: threading.Lock,
         send: Callable[[dict], None],
         gone: Callable[[], bool],
-        turn: Callable[[], AbstractContextManager[None]],
+        turn: Turn,
     ):
         self.plan = plan
         self.id = new_id("resp")
@@ -96,8 +97,8 @@ class ResponseRun:
         self._send({"type": "response.created", "response": self._response("in_progress")})
         usage, status, details = Usage(), "completed", None
         try:
-            with self._turn():
-                usage, status, details = self._generate()
+            with self._turn(self._gone) as context:
+                usage, status, details = self._generate(context)
             if self._cancelled is None:  # the last words are spoken before it closes
                 self._close_item("completed" if status == "completed" else "incomplete")
         except ServiceError as e:
@@ -116,9 +117,9 @@ class ResponseRun:
         response["status_details"] = details
         self._send({"type": "response.done", "response": response})
 
-    def _generate(self) -> tuple[Usage, str, dict | None]:
-        prepared = self._service.prepare_chat(chat_request(self._chat()), REASONING_FORMAT)
-        run = self._service.run(prepared, self._gone)
+    def _generate(self, context: RequestContext) -> tuple[Usage, str, dict | None]:
+        request = chat_request(self._chat())
+        run = self._service.run(self._service.prepare_chat(request, context, REASONING_FORMAT))
         finish = None
         for step in run.steps():
             if self._cancelled is not None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from mlxserve.api.realtime.session import RealtimeSession
-from mlxserve.api.table import SocketRoute
+from mlxserve.api.table import SocketRoute, Turn
 from mlxserve.service.chat import ChatService
+from mlxserve.service.context import RequestContext
 
 
-def session(service: ChatService, socket_, turn) -> None:
-    RealtimeSession(service, socket_, turn).serve()
+def session(service: ChatService, socket_, opening: RequestContext, turn: Turn) -> None:
+    RealtimeSession(service, socket_, opening, turn).serve()
 
 
 SOCKET_ROUTES: tuple[SocketRoute[ChatService], ...] = (SocketRoute("/v1/realtime", session),)

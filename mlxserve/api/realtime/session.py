@@ -13,7 +13,6 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -25,12 +24,14 @@ from mlxserve.api.realtime.response import ResponsePlan, ResponseRun
 from mlxserve.api.realtime.settings import SessionSettings
 from mlxserve.api.realtime.speaker import Voice
 from mlxserve.api.realtime.wire import RATE, ItemBody, ResponseBody, SessionBody
+from mlxserve.api.table import Turn
 from mlxserve.api.websocket import ClosedSocket, WebSocket
 from mlxserve.api.wire import validate
 from mlxserve.audio.codec import pcm16_samples, resample
 from mlxserve.audio.transcription import SAMPLE_RATE, TranscriptionOptions
 from mlxserve.protocol.errors import ClientGone, ServiceError, bad_request
 from mlxserve.service.chat import ChatService
+from mlxserve.service.context import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,12 @@ class RealtimeSession:
         self,
         service: ChatService,
         socket_: WebSocket,
-        turn: Callable[[], AbstractContextManager[None]],
+        opening: RequestContext,
+        turn: Turn,
     ):
         self._service = service
         self._socket = socket_
+        self._opening = opening  # the upgrade request's (its key may use the session's model)
         self._turn = turn  # each response and transcription is a request of its own
         self._lock = threading.Lock()  # the conversation, between the two threads
         self._conversation = Conversation()
@@ -88,7 +91,7 @@ class RealtimeSession:
         query = parse_qs(urlsplit(self._socket.path).query)
         named = query.get("model")
         requested = named[0] if named else None
-        spec = self._service.models.resolve(requested)
+        spec = self._service.models.resolve(requested, self._opening)
         if not spec.generative:  # chat and vision models (an adapter is its base's kind)
             raise bad_request(
                 f"The model '{requested}' is a {spec.kind} model; it cannot hold a conversation.",
@@ -339,7 +342,7 @@ class RealtimeSession:
             name = self._served("speech")
             assert name is not None  # check_modalities
             spec = self._service.models.resolve_kind(
-                name, "speech", "it does not synthesise speech", "model_not_speech"
+                name, self._opening, "speech", "it does not synthesise speech", "model_not_speech"
             )
             voice = Voice(
                 self._service.media,
@@ -374,7 +377,7 @@ class RealtimeSession:
         assert settings is not None
         wanted = settings.transcription
         try:
-            with self._turn():
+            with self._turn(self._left) as context:
                 name = (wanted.model if wanted else None) or self._served("transcription")
                 if name is None:
                     raise bad_request(
@@ -385,6 +388,7 @@ class RealtimeSession:
                     )
                 spec = self._service.models.resolve_kind(
                     name,
+                    context,
                     "transcription",
                     "it does not transcribe speech",
                     "model_not_transcription",
@@ -395,7 +399,9 @@ class RealtimeSession:
                 )
                 audio = resample(samples, RATE, SAMPLE_RATE)
                 text = ""
-                for window in self._service.media.transcribe(spec, audio, options, self._left):
+                for window in self._service.media.transcribe(
+                    spec, audio, options, context.client_gone
+                ):
                     text += window.text
                     if wanted is not None and window.text:
                         self._send(

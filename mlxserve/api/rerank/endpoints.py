@@ -15,7 +15,6 @@ from mlxserve.api.wire import Strict, parse
 from mlxserve.protocol.errors import bad_request
 from mlxserve.rerank.service import RerankRequest, Scores
 from mlxserve.service.chat import ChatService
-from mlxserve.telemetry.record import current_request
 
 MAX_DOCUMENTS = 1000  # Cohere's limit per request
 Text = Annotated[str, Field(min_length=1)]
@@ -117,10 +116,10 @@ class RerankEndpoints:
     def _score(self, request: RerankRequest, responder: Responder) -> tuple[str, Scores]:
         service = self.service
         spec = service.models.resolve_kind(
-            request.model, "rerank", "it does not rerank", "model_not_reranker"
+            request.model, responder.context, "rerank", "it does not rerank", "model_not_reranker"
         )
         name = request.model or service.models.name(spec)
         result = service.media.score(spec, request, responder.client_gone)
-        if (record := current_request()) is not None:
+        if (record := responder.context.record) is not None:
             record.add_usage(result.tokens, 0, 0)
         return name, result

@@ -41,6 +41,7 @@ from mlxserve.mcp.hub import McpHub
 from mlxserve.protocol.errors import bad_request, not_found
 from mlxserve.protocol.request import ChatRequest
 from mlxserve.service.chat import ChatService
+from mlxserve.service.context import RequestContext
 from mlxserve.service.results import Choice, Usage
 
 # Reasoning goes out as reasoning items whatever --reasoning-format says.
@@ -69,12 +70,12 @@ class ResponsesEndpoints:
     def create(self, raw: bytes, responder: Responder) -> dict | None:
         wire = parse(ResponsesRequest, raw)
         sink = SSEWriter(responder) if wire.stream else None
-        return self.respond(wire, responder.client_gone, sink)
+        return self.respond(wire, responder.context, sink)
 
     def respond(
         self,
         request: ResponsesRequest,
-        client_gone: Callable[[], bool],
+        context: RequestContext,
         sink: EventSink | None,
         last: LastResponse | None = None,
     ) -> dict | None:
@@ -84,20 +85,20 @@ class ResponsesEndpoints:
         wire = self._resolved(request)
         history = self._history(wire, last)
         keep = self._keeper(wire, history, last)
-        mcp = self._mcp_turn(wire, history)
+        mcp = self._mcp_turn(wire, history, context)
         if mcp is not None:
             try:
                 approved = mcp.approved(_given(wire), history)
                 self._chat(wire, history, mcp.round(approved))  # refused here, before a call
-                return self._rounds(wire, history, mcp, approved, client_gone, sink, keep)
+                return self._rounds(wire, history, mcp, approved, context, sink, keep)
             finally:
                 mcp.close()
         chat = self._chat(wire, history)
         if wire.compaction_triggered:
-            return self._compaction(wire, chat, client_gone, sink, keep)
-        prepared = self.service.prepare_chat(chat, REASONING_FORMAT)
+            return self._compaction(wire, chat, context, sink, keep)
+        prepared = self.service.prepare_chat(chat, context, REASONING_FORMAT)
         fmt = self._builder(wire, prepared.texts if wire.logprobs is not None else None)
-        run = self.service.run(prepared, client_gone)
+        run = self.service.run(prepared)
         if sink is not None:
             self._stream(run, fmt, sink, keep)
             return None
@@ -110,7 +111,13 @@ class ResponsesEndpoints:
         keep(response)
         return response
 
-    def warm_up(self, request: ResponsesRequest, sink: EventSink, last: LastResponse) -> None:
+    def warm_up(
+        self,
+        request: ResponsesRequest,
+        context: RequestContext,
+        sink: EventSink,
+        last: LastResponse,
+    ) -> None:
         """A WebSocket's `generate: false` (Codex sends its instructions and tools so as a
         session starts): a response with no output whose id the next turn continues. The
         prompt is not computed ahead: a client that does not wait for its user (`codex
@@ -119,7 +126,7 @@ class ResponsesEndpoints:
         history = self._history(wire, last)
         # refused here for what a turn would refuse (a model the key may not use, unknown
         # files, malformed items)
-        self.service.models.resolve(wire.model)
+        self.service.models.resolve(wire.model, context)
         self._chat(wire, history, warmup=True)
         fmt = self._builder(wire, None)
         response = fmt.response("completed", usage=Usage())
@@ -133,7 +140,7 @@ class ResponsesEndpoints:
         if wire.stream:
             raise bad_request("/v1/responses/compact does not stream.", "stream")
         chat = self._chat(wire, self._history(wire))
-        response = self._compaction(wire, chat, responder.client_gone, None, lambda _: None)
+        response = self._compaction(wire, chat, responder.context, None, lambda _: None)
         assert response is not None  # not streamed
         return {
             "id": response["id"],
@@ -147,15 +154,15 @@ class ResponsesEndpoints:
         self,
         wire: Resolved,
         chat: ChatRequest,
-        client_gone: Callable[[], bool],
+        context: RequestContext,
         sse: EventSink | None,
         keep,
     ) -> dict | None:
         """A response whose one output item is the conversation's compaction: a summary
         the model writes (compaction.py), sealed."""
-        prepared = self.service.prepare_chat(summary_request(chat), REASONING_FORMAT)
+        prepared = self.service.prepare_chat(summary_request(chat), context, REASONING_FORMAT)
         fmt = self._builder(wire, None)
-        run = self.service.run(prepared, client_gone)
+        run = self.service.run(prepared)
         stream = ResponseStream(sse, fmt) if sse is not None else None
         seconds = self.service.config.keepalive_seconds
         pings = keepalive(sse, seconds, stream.keepalive if stream is not None else None)
@@ -188,11 +195,14 @@ class ResponsesEndpoints:
         tools, the turn's earlier rounds)."""
         return chat_request(wire, _ITEMS.validate_python(history), self.files, warmup, mcp)
 
-    def _mcp_turn(self, wire: Resolved, history: list[dict]) -> McpTurn | None:
+    def _mcp_turn(
+        self, wire: Resolved, history: list[dict], context: RequestContext
+    ) -> McpTurn | None:
         tools = wire.tools or []
         specs = [(i, tool) for i, tool in enumerate(tools) if isinstance(tool, McpToolSpec)]
         own = {tool.name for tool in tools if isinstance(tool, FunctionTool)}
-        return mcp_turn(specs, self.mcp, history, own, self.service.config.mcp_allow_urls)
+        allow = self.service.config.mcp_allow_urls
+        return mcp_turn(specs, self.mcp, history, own, allow, context)
 
     def _rounds(
         self,
@@ -200,7 +210,7 @@ class ResponsesEndpoints:
         history: list[dict],
         mcp: McpTurn,
         approved: list[dict],
-        client_gone: Callable[[], bool],
+        context: RequestContext,
         sink: EventSink | None,
         keep,
     ) -> dict | None:
@@ -220,9 +230,9 @@ class ResponsesEndpoints:
             for _ in range(MAX_MCP_ROUNDS):
                 exhausted = wire.max_tool_calls is not None and calls >= wire.max_tool_calls
                 chat = self._chat(wire, history, mcp.round(fmt.earlier, exhausted))
-                prepared = self.service.prepare_chat(chat, REASONING_FORMAT)
+                prepared = self.service.prepare_chat(chat, context, REASONING_FORMAT)
                 fmt.texts = prepared.texts if wire.logprobs is not None else None
-                run = self.service.run(prepared, client_gone)
+                run = self.service.run(prepared)
                 choice, response = self._round(run, fmt, stream, usage, pings)
                 usage += run.usage
                 if response is not None:

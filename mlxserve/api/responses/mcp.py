@@ -31,6 +31,7 @@ from mlxserve.mcp.tools import (
 )
 from mlxserve.protocol import request as neutral
 from mlxserve.protocol.errors import bad_request
+from mlxserve.service.context import RequestContext
 
 
 class ToolFilter(Strict):
@@ -149,6 +150,7 @@ def turn(
     history: list[dict],
     taken: set[str],
     allow: tuple[str, ...],
+    context: RequestContext,
 ) -> McpTurn | None:
     """The MCP tools of a request (`specs`: each with its index in `tools`); a server's
     tools listed earlier in the conversation (`history`'s mcp_list_tools) are not listed
@@ -161,7 +163,7 @@ def turn(
         for item in history
         if item.get("type") == "mcp_list_tools" and not item.get("error")
     }
-    mcp = McpTurn(hub)
+    mcp = McpTurn(hub, context)
     approval: set[str] = set()
     try:
         for index, spec in specs:

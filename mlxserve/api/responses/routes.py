@@ -16,7 +16,8 @@ from mlxserve.api.responses.conversations import (
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
 from mlxserve.api.responses.requests import ResponsesRequest
 from mlxserve.api.responses.socket import ResponsesSocket
-from mlxserve.api.table import Call, Route, SocketRoute, by_id, with_body
+from mlxserve.api.table import Call, Route, SocketRoute, Turn, by_id, with_body
+from mlxserve.service.context import RequestContext
 
 PAGE: dict[str, s.Schema] = {
     "limit": {"type": "integer", "minimum": 1},
@@ -31,7 +32,9 @@ def input_items(endpoints: ResponsesEndpoints, call: Call) -> dict:
     return endpoints.input_items(call.params[RESPONSE_ID], call.query)
 
 
-def socket_session(endpoints: ResponsesEndpoints, socket_, turn) -> None:
+def socket_session(
+    endpoints: ResponsesEndpoints, socket_, opening: RequestContext, turn: Turn
+) -> None:
     ResponsesSocket(endpoints, socket_, turn, error_reply).serve()
 
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 from mlxserve.api.errors import ErrorReply
 from mlxserve.api.responses.endpoints import ResponsesEndpoints
 from mlxserve.api.responses.last import LastResponse
 from mlxserve.api.responses.requests import WARMUP, ResponsesRequest
+from mlxserve.api.table import Turn
 from mlxserve.api.websocket import SocketEvents, WebSocket
 from mlxserve.api.wire import parse_json_body, validate
 from mlxserve.protocol.errors import ClientGone, ServiceError, bad_request, internal_error
+from mlxserve.service.context import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class ResponsesSocket:
         self,
         endpoints: ResponsesEndpoints,
         socket_: WebSocket,
-        turn: Callable[[], AbstractContextManager[None]],
+        turn: Turn,
         errors: Callable[[ServiceError], ErrorReply],
     ):
         self._endpoints = endpoints
@@ -54,8 +55,8 @@ class ResponsesSocket:
             if event["type"] in IGNORED:
                 continue
             try:
-                with self._turn():
-                    self._create(event)
+                with self._turn(self._socket.gone) as context:
+                    self._create(event, context)
             except ServiceError as e:  # before the response began: the turn is refused
                 self._refuse(e)
             except ClientGone:
@@ -65,7 +66,7 @@ class ResponsesSocket:
                 log.exception("unhandled error in a WebSocket turn")
                 self._refuse(internal_error(f"Internal error: {e}"))
 
-    def _create(self, event: dict) -> None:
+    def _create(self, event: dict, context: RequestContext) -> None:
         generate = event.get("generate", True)
         if not isinstance(generate, bool):
             raise bad_request("generate must be true or false.", "generate")
@@ -73,9 +74,9 @@ class ResponsesSocket:
         request = validate(ResponsesRequest, {**fields, "stream": True}, {WARMUP: not generate})
         events = SocketEvents(self._socket)
         if generate:
-            self._endpoints.respond(request, self._socket.gone, events, self._last)
+            self._endpoints.respond(request, context, events, self._last)
         else:
-            self._endpoints.warm_up(request, events, self._last)
+            self._endpoints.warm_up(request, context, events, self._last)
 
     def _refuse(self, error: ServiceError) -> None:
         """An `error` event with the HTTP status the request would have had (OpenAI's
