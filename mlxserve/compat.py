@@ -200,6 +200,15 @@ def copied(items: Any) -> tuple:
     return tuple(item[...] if isinstance(item, mx.array) else item for item in items)
 
 
+def loaded_classes(module: str, name: str) -> tuple[Any, ...]:
+    """The class `module.name` if that module has been imported, else none: mlx-vlm (and
+    our modules built on it) is imported once a vision model is served, not by a text
+    server, whose start its import would slow by most of a second. No object of a class
+    not imported yet exists, so an isinstance check against the result is exact."""
+    found = sys.modules.get(module)
+    return (getattr(found, name),) if found is not None else ()
+
+
 def register_cache_class(cls: type) -> None:
     """mlx-lm's `load_prompt_cache` finds each cache's class by name among its module's
     names: a cache class of ours (engine/continuous/vision_model.py's RopeDeltas) is added there, so

@@ -5,6 +5,8 @@ imports it (server.py puts the two together)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import mlxserve
@@ -75,3 +77,17 @@ def test_the_core_is_given_the_request_it_serves():
             if "contextvars" in (module, *names) and where not in own_variables:
                 breaches.append(f"{where}: a context variable")
     assert breaches == []
+
+
+def test_a_text_server_does_not_import_mlx_vlm():
+    """mlx-vlm (its import is most of a second of a start) comes in with the first vision
+    model (engine/continuous/batch_model.py): the server's modules, every kind registered,
+    import none of it."""
+    probe = (
+        "import sys, mlxserve.server, mlxserve.cli; "
+        "from mlxserve.registration import register_all; register_all(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mlx_vlm'}))"
+    )
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "[]"

@@ -23,13 +23,13 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxserve.compat import settle
 from mlxserve.engine.caches.prompt_cache import CacheHit, PromptCache
+from mlxserve.engine.continuous.batch_model import batch_model
 from mlxserve.engine.continuous.drafting import sequence_caches
 from mlxserve.engine.continuous.features import row_features
 from mlxserve.engine.continuous.parking import IdleParking
 from mlxserve.engine.continuous.prefill import Prefill
 from mlxserve.engine.continuous.row_entry import RowEntry
 from mlxserve.engine.continuous.rows import Row, reserved_tokens
-from mlxserve.engine.continuous.vision_model import batch_model
 from mlxserve.engine.generation.jobs import GenerationJob
 from mlxserve.engine.generation.sampling import build_logits_processors, build_sampler
 from mlxserve.engine.generation.sequence import SequenceOutput

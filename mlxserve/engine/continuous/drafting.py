@@ -19,15 +19,12 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from mlxserve.adapters.layers import ModelAdapters
+from mlxserve.compat import loaded_classes
 from mlxserve.engine.continuous.adapter_rows import AdapterRowsModel
+from mlxserve.engine.continuous.batch_model import batch_model
 from mlxserve.engine.continuous.row_entry import RowEntry
 from mlxserve.engine.continuous.row_feature import Forwarded, RowFeature
 from mlxserve.engine.continuous.rows import WaitingPrompt
-from mlxserve.engine.continuous.vision_model import (
-    VisionArraysCache,
-    VisionHiddenCapture,
-    batch_model,
-)
 from mlxserve.engine.drafters.dflash import DFlashDrafter
 from mlxserve.engine.drafters.hidden import HiddenCapture, splits_exactly
 from mlxserve.engine.memory.footprint import KVFootprint, measure_footprint
@@ -49,7 +46,8 @@ log = logging.getLogger(__name__)
 # The caches (as a sequence makes them) whose batch caches drop a pass's rejected drafts:
 # cut off, or (recurrent states, mlx-lm's and a vision model's) taken from the pass's
 # records or again from where it began.
-ROLLS_BACK = (KVCache, RotatingKVCache, ArraysCache, VisionArraysCache)
+ROLLS_BACK = (KVCache, RotatingKVCache, ArraysCache)
+VISION_MODEL = "mlxserve.engine.continuous.vision_model"  # its VisionArraysCache too
 
 
 def can_roll_back(caches: list[Any]) -> bool:
@@ -58,7 +56,8 @@ def can_roll_back(caches: list[Any]) -> bool:
     `compat.roll_back_window`); recurrent states are taken from the pass's records
     (`recurrent_steps`) or again from where it began (`SpeculativeBatch._replay`); a vision
     row's RoPE delta and a row's adapter hold no positions."""
-    return all(type(c) in ROLLS_BACK or isinstance(c, RowEntry) for c in caches)
+    rolls_back = (*ROLLS_BACK, *loaded_classes(VISION_MODEL, "VisionArraysCache"))
+    return all(type(c) in rolls_back or isinstance(c, RowEntry) for c in caches)
 
 
 def sequence_caches(*models: Any) -> list[Any]:
@@ -102,6 +101,8 @@ class DraftingFeature(RowFeature):
         self.head: Any = loaded.head if self._plan.head else None
         self._capture: Any = None
         if self.head is not None and loaded.spec.vision:
+            from mlxserve.engine.continuous.vision_model import VisionHiddenCapture
+
             self._capture = VisionHiddenCapture(model)
         elif self.head is not None:
             self._capture = HiddenCapture(loaded.model, self.head.reads)

@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxserve.engine.continuous.adapter_rows import AdapterFeature
+from mlxserve.engine.continuous.batch_model import batch_model
 from mlxserve.engine.continuous.drafting import DraftingFeature
 from mlxserve.engine.continuous.in_lockstep import LockstepFeature
 from mlxserve.engine.continuous.kv_quantization import KVQuantizationFeature
 from mlxserve.engine.continuous.row_feature import RowFeature
-from mlxserve.engine.continuous.vision_model import batch_model
-from mlxserve.engine.continuous.vision_rows import VisionFeature
 from mlxserve.engine.memory.loader import LoadedModel
 
 
@@ -52,6 +51,8 @@ def row_features(
     )
     vision = None
     if loaded.spec.vision:
+        from mlxserve.engine.continuous.vision_rows import VisionFeature  # see batch_model.py
+
         vision = VisionFeature(model, wake, agreed, running, hidden=drafting.head is not None)
     lockstep = LockstepFeature() if worst is not None else None
     every: list[RowFeature | None] = [vision, kv, drafting, adapter_rows, lockstep]

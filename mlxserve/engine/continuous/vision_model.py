@@ -223,8 +223,3 @@ class VisionHiddenCapture:
 
     def make_cache(self) -> list[Any]:
         return self.inner.make_cache()
-
-
-def batch_model(loaded_model: Any, vision: bool) -> Any:
-    """What the batch calls: a text model as it is, a vision model wrapped."""
-    return VisionBatchModel(loaded_model) if vision else loaded_model

@@ -14,7 +14,6 @@ from mlxserve.engine.generation.sampling import reseed_random
 from mlxserve.engine.memory.footprint import KVFootprint
 from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.engine.single.text_run import SingleRun, generate_single
-from mlxserve.engine.single.vision_run import generate_vision
 from mlxserve.engine.speculation.verify import SpeculationCounts
 from mlxserve.models.spec import ModelSpec
 from mlxserve.protocol.errors import bad_request, internal_error
@@ -125,7 +124,9 @@ class StreamSession:
             if job.cancelled.is_set():
                 continue
             try:
-                if self.spec.vision:
+                if self.spec.vision:  # mlx-vlm's generate, imported for a vision model only
+                    from mlxserve.engine.single.vision_run import generate_vision
+
                     self._run = generate_vision(self._loaded, self._cache, job, self._prefill_chunk)
                 else:
                     self._run = generate_single(self._loaded, self._cache, job, self._prefill_chunk)

@@ -29,10 +29,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
-from mlx_vlm.models.cache import ArraysCache as VisionArrays
 
 from mlxserve.compat import gated_delta_layers, route_gated_delta_updates
-from mlxserve.engine.speculation.rewind import Snapshot, snapshot
+from mlxserve.engine.speculation.rewind import Snapshot, snapshot, vision_arrays
 
 
 @dataclass
@@ -116,7 +115,7 @@ def recorded(caches: list[Any], width: int) -> Iterator[PassSteps | None]:
     where they would pass RECORDED_MAX_BYTES the pass is not recorded, and rows that reject
     part of their draft take their kept tokens again (`keep` declines)."""
     ours = [c for c in caches if isinstance(c, ArraysCache)]
-    theirs = [c for c in caches if isinstance(c, VisionArrays)]
+    theirs = [c for c in caches if isinstance(c, vision_arrays())]
     if not ours and not theirs:
         yield None
         return

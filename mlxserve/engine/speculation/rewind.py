@@ -17,18 +17,22 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, BatchRotatingKVCache
-from mlx_vlm.models.cache import ArraysCache as VisionArrays
 
-from mlxserve.compat import copied, roll_back_window, window_state
+from mlxserve.compat import copied, loaded_classes, roll_back_window, window_state
 
 # What `snapshot` keeps of a cache: see there.
 Snapshot = tuple | None
 
 
+def vision_arrays() -> tuple[Any, ...]:
+    """mlx-vlm's recurrent-state cache class, once a vision model has brought mlx-vlm in."""
+    return loaded_classes("mlx_vlm.models.cache", "ArraysCache")
+
+
 def is_recurrent(cache: Any) -> bool:
     """Whether a batch cache is a recurrent layer's state (mlx-lm's or mlx-vlm's), which
     cannot be trimmed: a pass's records or a replay take it back."""
-    return isinstance(cache, (ArraysCache, VisionArrays))
+    return isinstance(cache, (ArraysCache, *vision_arrays()))
 
 
 def roll_back(caches: list[Any], unkept: list[int]) -> None:
@@ -59,13 +63,13 @@ def snapshot(cache: Any) -> Snapshot:
         return window_state(cache)
     if isinstance(cache, ArraysCache):
         return (list(cache.cache), *copied((cache.left_padding, cache.lengths)))
-    if isinstance(cache, VisionArrays):
+    if isinstance(cache, vision_arrays()):
         return tuple(cache.cache)
     return None
 
 
 def _restore(cache: Any, state: tuple) -> None:
-    if isinstance(cache, VisionArrays):
+    if isinstance(cache, vision_arrays()):
         cache.cache = list(state)
     else:
         cache.state = state
