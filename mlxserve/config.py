@@ -25,7 +25,7 @@ BATCHING = "Batching"
 SPECULATION = "Speculation"
 CACHE = "Prompt cache and KV caches"
 MEMORY = "Memory"
-MEDIA = "Images and audio"
+MEDIA = "Images, video and audio"
 RESPONSES = "Responses API"
 MCP = "MCP tools"
 BATCHES = "Batch API"
@@ -390,7 +390,7 @@ class ServerConfig:
         many="repeat",
         parse=Path,
         group=MEDIA,
-        help="a folder whose image files requests may name by path (repeatable); `--model-dir` folders are allowed too, nothing else",
+        help="a folder whose image, video and audio files requests may name by path (repeatable); `--model-dir` folders are allowed too, nothing else",
     )
     max_image_bytes: int = setting(
         20 * 1024 * 1024,
@@ -403,7 +403,44 @@ class ServerConfig:
         25 * 1024 * 1024,  # OpenAI's limit
         parse=positive_int,
         group=MEDIA,
-        help="largest audio file a transcription may upload",
+        help="largest audio file a transcription may upload, or a chat request may send or point to",
+    )
+    max_audio_seconds: float = setting(
+        120.0,
+        parse=positive_float,
+        group=MEDIA,
+        help="longest audio clip a chat request may send (a 400 beyond it); the model's processor may read less of it (Gemma's: its first 30 s)",
+    )
+    max_video_bytes: int = setting(
+        100 * 1024 * 1024,
+        parse=positive_int,
+        group=MEDIA,
+        shown_default="100 MiB",
+        help="largest video a chat request may send or point to (a 400 beyond it)",
+    )
+    max_video_seconds: float = setting(
+        600.0,
+        parse=positive_float,
+        group=MEDIA,
+        help="longest video a chat request may send (a 400 beyond it)",
+    )
+    video_fps: float = setting(
+        2.0,
+        parse=positive_float,
+        group=MEDIA,
+        help="frames sampled from each second of a video where the request names no rate (`video_url.fps`)",
+    )
+    max_video_fps: float = setting(
+        8.0,
+        parse=positive_float,
+        group=MEDIA,
+        help="the highest sampling rate a request may ask for (a 400 beyond it)",
+    )
+    max_video_frames: int = setting(
+        32,
+        parse=positive_int,
+        group=MEDIA,
+        help="frames sampled from one video at most: a longer clip is sampled more sparsely (each frame costs the model's tokens: Qwen2.5-VL's, up to 384 a pair of frames)",
     )
     realtime_transcription_model: str | None = setting(
         None,
@@ -427,12 +464,12 @@ class ServerConfig:
     image_fetch_timeout: float = setting(
         10.0,
         group=MEDIA,
-        help="seconds allowed for fetching an image URL, the whole fetch (a server trickling bytes is cut off)",
+        help="seconds allowed for fetching an image, video or audio URL, the whole fetch (a server trickling bytes is cut off)",
     )
     allow_local_image_urls: bool = setting(
         False,
         group=MEDIA,
-        help="image URLs may name loopback and private addresses (an image server on this machine or the LAN); link-local and cloud metadata addresses are refused whatever this says",
+        help="image, video and audio URLs may name loopback and private addresses (a media server on this machine or the LAN); link-local and cloud metadata addresses are refused whatever this says",
     )
     responses_store_size: int = setting(
         1000,

@@ -6,10 +6,8 @@ drafted step or a restart change nothing for the others."""
 from __future__ import annotations
 
 import json
-import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,8 +21,9 @@ from conversations import (
 )
 from helpers.errors import assert_error
 from helpers.speculation import replayed, speculated
-from helpers.sse import chat_message, logprob_entries, open_stream, stream
+from helpers.sse import open_stream
 from helpers.streams import ENDS, concurrently
+from helpers.vlm import Family, generate_alone, reply, same, whole_reply
 from transformers import AutoTokenizer
 
 CHAT = "/v1/chat/completions"
@@ -39,7 +38,6 @@ IMAGES = [
     ("blue", 112, 56),
 ]
 TEXTS = [VISION["hello"].messages, BY_NAME["capital"].messages]  # one it learned, one not
-LOGPROB_TOLERANCE = 1e-3  # a batch pads and sums in another order than a single row
 
 
 def requests(end: int) -> list[dict]:
@@ -51,42 +49,6 @@ def requests(end: int) -> list[dict]:
         {"messages": m, "max_tokens": LENGTH, "logit_bias": bias, "logprobs": True}
         for m in messages
     ]
-
-
-def reply(srv, body: dict, streamed: bool) -> tuple[str, list[str], list[float]]:
-    """The content, the tokens and their logprobs, streamed or not."""
-    if streamed:
-        result = stream(srv.url, CHAT, {**body, "stream": True})
-        assert result.status == 200, result.lines
-        entries = logprob_entries(result.chunks)
-        content = chat_message(result.chunks)["content"]
-    else:
-        status, _, whole = srv.post(CHAT, body)
-        assert status == 200, whole
-        return whole_reply(whole)
-    return content, [e["token"] for e in entries], [e["logprob"] for e in entries]
-
-
-def whole_reply(whole: dict) -> tuple[str, list[str], list[float]]:
-    """A non-streamed reply's content, tokens and their logprobs."""
-    entries = whole["choices"][0]["logprobs"]["content"]
-    content = whole["choices"][0]["message"]["content"]
-    return content, [e["token"] for e in entries], [e["logprob"] for e in entries]
-
-
-def same(a: tuple, b: tuple) -> bool:
-    """The same content and tokens, and logprobs equal within the batch's rounding."""
-    return a[:2] == b[:2] and all(
-        math.isclose(x, y, abs_tol=LOGPROB_TOLERANCE) for x, y in zip(a[2], b[2], strict=True)
-    )
-
-
-@dataclass(frozen=True)
-class Family:
-    model: Path
-    end_token: int  # the id of the token that ends a turn
-    # the encoder's output for an image is kept for the next prompt with it
-    keeps_features: bool = True
 
 
 # Each family's fixture (the token that ends its turns is in ENDS).
@@ -121,53 +83,7 @@ def family_of(request, name: str) -> Family:
 @pytest.fixture(scope="module")
 def library(family) -> list[tuple]:
     """What mlx-vlm's own generate_step gives for each of `requests`."""
-    return generate_alone(family, requests(family.end_token))
-
-
-def generate_alone(family: Family, bodies: list[dict]) -> list[tuple]:
-    """What mlx-vlm's own generate_step gives for each body, in this process: the prompt
-    rendered as the server renders it, the end token forbidden as logit_bias does."""
-    import mlx.core as mx
-    from mlx_vlm.generate import generate_step
-    from mlx_vlm.utils import load_model
-
-    from mlxserve.api.openai.requests import ChatRequest, chat_request
-    from mlxserve.api.wire import validate
-    from mlxserve.chat.images import ImageLimits
-    from mlxserve.chat.vision_prompt import VisionChat, render_vision_chat
-    from mlxserve.config import ServerConfig
-    from mlxserve.models.tokenizer import load_text_tokenizer
-    from mlxserve.models.vision_loader import load_vision_processor
-
-    tokenizer = load_text_tokenizer(family.model, False)
-    processor = load_vision_processor(family.model, False)
-    chat = VisionChat(tokenizer, processor, family.model, ImageLimits.from_config(ServerConfig()))
-    model = load_model(family.model)  # mlx-vlm's own code, none of mlxserve's mends
-
-    def forbid_end(_tokens, logits):
-        return logits + mx.where(mx.arange(logits.shape[-1]) == family.end_token, -100.0, 0.0)
-
-    expected = []
-    for body in bodies:
-        request = chat_request(validate(ChatRequest, {"messages": body["messages"]}))
-        prompt, images = render_vision_chat(chat, request, {}, None, False)
-        model.language_model._position_ids = None  # each prompt computes its own positions
-        model.language_model._rope_deltas = None
-        steps = generate_step(
-            mx.array(prompt)[None],
-            model,
-            images.pixel_values,
-            images.attention_mask,
-            logits_processors=[forbid_end],
-            **images.extra,
-        )
-        ids, logprobs = [], []
-        for (token, row), _ in zip(steps, range(LENGTH), strict=False):
-            ids.append(token)
-            logprobs.append(row[token].item())
-        tokens = [tokenizer.decode([t]) for t in ids]
-        expected.append(("".join(tokens), tokens, logprobs))
-    return expected
+    return generate_alone(family, requests(family.end_token), LENGTH)
 
 
 def endless_stream(srv, end: int, messages: list[dict]):
@@ -280,7 +196,7 @@ def test_a_qwen35_checkpoint_drafts_with_its_mtp_head_beside_images(launch, requ
     tokens are those mlx-vlm's generate_step gives (without the head)."""
     family = family_of(request, "qwen3_5")
     bodies = requests(family.end_token)
-    library = generate_alone(family, bodies)
+    library = generate_alone(family, bodies, LENGTH)
     flags = ("--prompt-cache-size", "0", "--speculation", "off")  # the head's drafts only
     srv = launch(family.model, *flags, "--mtp", "on")
     images = len(IMAGES)
@@ -419,5 +335,5 @@ def test_an_image_seen_after_other_text_skips_the_encoder(family, monkeypatch):
     assert len(encoded) == (2 if family.keeps_features else 3)
     # the follow-up continued the image turn: the image and more came from the cache
     assert answers[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 20
-    expected = generate_alone(family, bodies)
+    expected = generate_alone(family, bodies, LENGTH)
     assert all(same(a, b) for a, b in zip(replies, expected, strict=True)), (replies, expected)

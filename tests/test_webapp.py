@@ -16,7 +16,15 @@ import numpy as np
 import openai
 import pytest
 from audio_fixture import UTTERANCES, speak
-from conversations import COLOUR_QUESTION, square_png
+from conversations import (
+    AUDIO_QUESTION,
+    COLOUR_QUESTION,
+    VIDEO_QUESTION,
+    colour_clip,
+    square_png,
+    tone_wav,
+    video_reply,
+)
 from helpers.server import start_server
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
@@ -31,8 +39,9 @@ ANSWER_SECONDS = 60_000  # ms: a reply on the CPU, a model load
 
 
 @pytest.fixture(scope="module")
-def app(tiny_model, vision_model, z_image_model):
+def app(tiny_model, vision_model, z_image_model, qwen25_vl_model, gemma4_audio_model):
     models = ("--model", str(vision_model), "--model", str(z_image_model))
+    models += ("--model", str(qwen25_vl_model), "--model", str(gemma4_audio_model))
     srv = start_server(tiny_model, *models, "--api-key", KEY)
     yield srv
     srv.stop()
@@ -139,6 +148,70 @@ def test_an_attached_image_gets_its_colour(page, app, vision_model, tmp_path):
     expect(page.locator("#attachments img")).to_have_count(1)
     chat(page, vision_model, COLOUR_QUESTION)
     expect(page.locator(".message.assistant .content")).to_have_text("Blue.")
+
+
+def test_an_attached_video_and_audio_clip_are_answered(
+    page, app, qwen25_vl_model, gemma4_audio_model, tmp_path
+):
+    """A model that reads video takes a video file, one that hears audio a WAV (each
+    offered only what it takes), shown with a player in the conversation."""
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(colour_clip("red", "blue"))
+    tone = tmp_path / "tone.wav"
+    tone.write_bytes(tone_wav("high"))
+    sign_in(page, app)
+    page.select_option("#model-select", str(qwen25_vl_model))
+    expect(page.locator("#attach-label")).to_have_text("Attach")
+    assert page.get_attribute("#attach", "accept") == "image/*,video/*"
+    expect(page.locator("#record")).to_be_hidden()
+    page.set_input_files("#attach", str(clip))
+    expect(page.locator("#attachments video")).to_have_count(1)
+    chat(page, qwen25_vl_model, VIDEO_QUESTION)
+    expect(page.locator(".message.assistant .content")).to_have_text(video_reply("red", "blue"))
+    expect(page.locator(".message.user video")).to_have_count(1)
+    page.click("#new-chat")
+    page.select_option("#model-select", str(gemma4_audio_model))
+    assert page.get_attribute("#attach", "accept") == "image/*,audio/*"
+    expect(page.locator("#record")).to_be_visible()
+    page.set_input_files("#attach", str(tone))
+    expect(page.locator("#attachments audio")).to_have_count(1)
+    page.fill("#prompt", AUDIO_QUESTION)  # the settings (temperature 0) stay as they were
+    page.click("#send")
+    expect(page.locator(".message.assistant .content")).to_have_text("A high tone.")
+    expect(page.locator(".message.user audio")).to_have_count(1)
+
+
+def test_a_recorded_voice_note_is_heard(playwright, launch, gemma4_audio_model, tmp_path):
+    """Record, in a chromium whose microphone plays a low tone, then Stop recording: the
+    voice note (Opus in WebM, as Chromium records) is attached and the model names the
+    tone it hears."""
+    srv = launch(gemma4_audio_model, "--api-key", KEY)
+    microphone = tmp_path / "microphone.wav"
+    microphone.write_bytes(tone_wav("low", 3.0))
+    args = [
+        "--no-sandbox",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={microphone}%noloop",
+    ]
+    browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=args)
+    try:
+        context = browser.new_context(permissions=["microphone"])
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        sign_in(page, srv)
+        page.select_option("#model-select", str(gemma4_audio_model))
+        page.click("#record")
+        expect(page.locator("#record")).to_have_text("Stop recording")
+        page.wait_for_timeout(1500)
+        page.click("#record")
+        expect(page.locator("#attachments audio")).to_have_count(1)
+        chat(page, gemma4_audio_model, AUDIO_QUESTION)
+        expect(page.locator(".message.assistant .content")).to_have_text("A low tone.")
+        assert errors == [], errors
+    finally:
+        browser.close()
 
 
 def test_a_text_model_offers_no_attachment(page, app, tiny_model):

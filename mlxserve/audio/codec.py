@@ -33,33 +33,51 @@ OUTPUT_FORMATS = {
 }
 
 
-def decode(data: bytes, sample_rate: int) -> np.ndarray:
-    """A file's first audio stream as mono float32 samples at `sample_rate`; a 400 that
-    names the format where it is no audio PyAV can read."""
+def decode(
+    data: bytes,
+    sample_rate: int,
+    param: str = "file",
+    max_seconds: float | None = None,
+    code: str | None = None,
+) -> np.ndarray:
+    """A file's first audio stream as mono float32 samples at `sample_rate`; a 400 naming
+    `param` (with `code`) where it is no audio PyAV can read, or lasts over `max_seconds`."""
     import av
 
     if not data:
-        raise bad_request("The audio file is empty.", "file")
+        raise bad_request("The audio file is empty.", param, code=code)
+    most = None if max_seconds is None else int(max_seconds * sample_rate)
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
                 raise bad_request(
-                    f"The file ({_format_name(container)}) has no audio stream.", "file"
+                    f"The file ({_format_name(container)}) has no audio stream.", param, code=code
                 )
             resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
             parts: list[np.ndarray] = []
+            held = 0
             for frame in container.decode(container.streams.audio[0]):
-                parts.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(frame))
+                new = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+                parts.extend(new)
+                held += sum(len(part) for part in new)
+                if most is not None and held > most:
+                    raise bad_request(
+                        f"The audio is longer than the server's limit of {max_seconds:g} s "
+                        "(see --max-audio-seconds).",
+                        param,
+                        code="audio_too_long",
+                    )
             parts.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(None))
     except av.FFmpegError as e:
         raise bad_request(
             f"The file is not audio in a format this server decodes (wav, mp3, flac, ogg, "
             f"m4a, webm, ...): {e}",
-            "file",
+            param,
+            code=code,
         ) from e
     samples = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     if samples.size == 0:
-        raise bad_request("The audio file holds no samples.", "file")
+        raise bad_request("The audio file holds no samples.", param, code=code)
     return samples.astype(np.float32)
 
 

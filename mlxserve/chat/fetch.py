@@ -1,8 +1,8 @@
-"""A guarded HTTP GET for image URLs: every address a host name resolves to is checked
-before connecting (directly and after each redirect, whatever its notation: a decimal
-integer, IPv4-mapped IPv6), the connection goes to the address that was checked (a second
-DNS answer cannot swap it), and one deadline covers connecting, the headers and the body,
-so a server trickling bytes cannot hold a request.
+"""A guarded HTTP GET for image, video and audio URLs: every address a host name
+resolves to is checked before connecting (directly and after each redirect, whatever its
+notation: a decimal integer, IPv4-mapped IPv6), the connection goes to the address that
+was checked (a second DNS answer cannot swap it), and one deadline covers connecting, the
+headers and the body, so a server trickling bytes cannot hold a request.
 
 Link-local addresses (169.254.0.0/16, fe80::/10), where cloud metadata services answer,
 are always refused; so are unspecified, multicast and reserved ones. Loopback and private

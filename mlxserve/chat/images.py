@@ -1,4 +1,4 @@
-"""Image content parts -> decoded images: data URIs, http(s) URLs and allowed local files.
+"""Image content parts -> decoded images (their bytes read by `sources.py`).
 
 Runs on HTTP threads (no MLX). Every failure is a 400 that names the content part, so a
 client learns which image was wrong instead of getting an answer that ignored it.
@@ -6,29 +6,23 @@ client learns which image was wrong instead of getting an answer that ignored it
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import io
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from mlxserve.chat.fetch import FetchError, FetchRules, TooLarge, fetch
+from mlxserve.chat.sources import SourceRules, read_source
 from mlxserve.config import ServerConfig
-from mlxserve.protocol.errors import ServiceError, bad_request
+from mlxserve.protocol.errors import bad_request
 
 # Decoding is refused beyond this many pixels (a decompression bomb: a few hundred KB of
 # PNG can hold 100 MP, 300 MB decoded), before downscaling. 50 MP keeps phone photos.
 MAX_DECODED_PIXELS = 50_000_000
 # Images decoded at once, whatever the number of requests: bounds the peak memory.
 _DECODING = threading.BoundedSemaphore(2)
-READ_BLOCK = 64 * 1024
 ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
 
@@ -41,6 +35,17 @@ class ImageLimits:
     fetch_timeout: float
     allowed_dirs: tuple[Path, ...]  # local files must lie inside one of these
     allow_local_urls: bool  # image URLs may name loopback and private addresses
+
+    @property
+    def sources(self) -> SourceRules:
+        return SourceRules(
+            "image",
+            self.max_bytes,
+            "--max-image-bytes",
+            self.fetch_timeout,
+            self.allowed_dirs,
+            self.allow_local_urls,
+        )
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> ImageLimits:
@@ -61,80 +66,8 @@ class LoadedImage:
 
 def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
     """The image a content part points to, or a 400 naming `param`."""
-    if not isinstance(url, str) or not url:
-        raise bad_request("An image part needs a URL string.", param=param, code="invalid_image")
-    data = _read(url, param, limits)
-    if len(data) > limits.max_bytes:
-        raise _too_large(len(data), limits, param)
+    data = read_source(url, param, limits.sources)
     return LoadedImage(_decode(data, param, limits.max_pixels), hashlib.sha256(data).digest())
-
-
-def _read(url: str, param: str, limits: ImageLimits) -> bytes:
-    scheme = urllib.parse.urlsplit(url).scheme.lower()
-    if url.startswith("data:"):
-        return _data_uri(url, param)
-    if scheme in ("http", "https"):
-        return _fetch(url, param, limits)
-    if scheme == "file":
-        return _local_file(
-            Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)), param, limits
-        )
-    if scheme == "":
-        return _local_file(Path(url), param, limits)
-    raise bad_request(
-        f"Unsupported image URL scheme '{scheme}': use a data: URI, http(s) or a file path.",
-        param=param,
-        code="invalid_image",
-    )
-
-
-def _data_uri(url: str, param: str) -> bytes:
-    header, comma, payload = url.partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise bad_request(
-            "An image data URI must look like data:image/png;base64,<data>.",
-            param=param,
-            code="invalid_image",
-        )
-    try:
-        return base64.b64decode("".join(payload.split()), validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise bad_request(
-            f"The image data URI is not valid base64: {e}", param=param, code="invalid_image"
-        ) from e
-
-
-def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
-    rules = FetchRules(limits.fetch_timeout, limits.max_bytes, limits.allow_local_urls)
-    try:
-        return fetch(url, rules)
-    except TooLarge as e:
-        raise _too_large(e.size, limits, param) from e
-    except FetchError as e:
-        if e.refused:
-            raise bad_request(
-                f"The image URL may not be fetched: {e}.", param=param, code="image_url_not_allowed"
-            ) from e
-        raise _unreachable(url, str(e), param) from e
-
-
-def _local_file(path: Path, param: str, limits: ImageLimits) -> bytes:
-    try:
-        resolved = path.expanduser().resolve()
-    except (OSError, ValueError) as e:  # a NUL byte, a name too long
-        raise bad_request(f"Not a file path: {e}.", param=param, code="invalid_image") from e
-    if not any(resolved.is_relative_to(root.resolve()) for root in limits.allowed_dirs):
-        raise bad_request(
-            "Local image files are only read from the folders given with --image-dir or "
-            "--model-dir; this path is outside them.",
-            param=param,
-            code="image_path_not_allowed",
-        )
-    if not resolved.is_file():
-        raise bad_request(f"No image file at '{path}'.", param=param, code="invalid_image")
-    if resolved.stat().st_size > limits.max_bytes:
-        raise _too_large(resolved.stat().st_size, limits, param)
-    return resolved.read_bytes()
 
 
 def _decode(data: bytes, param: str, max_pixels: int) -> Image.Image:
@@ -183,21 +116,3 @@ def downscale(image: Image.Image, max_pixels: int) -> Image.Image:
     scale = (max_pixels / pixels) ** 0.5
     size = (max(1, int(image.width * scale)), max(1, int(image.height * scale)))
     return image.resize(size, Image.Resampling.BICUBIC)
-
-
-def _too_large(size: int, limits: ImageLimits, param: str) -> ServiceError:
-    return bad_request(
-        f"The image is larger than the server's limit of {limits.max_bytes} bytes"
-        f" ({size} bytes or more); see --max-image-bytes.",
-        param=param,
-        code="image_too_large",
-    )
-
-
-def _unreachable(url: str, reason: str, param: str) -> ServiceError:
-    shown = url if len(url) <= 200 else url[:200] + "..."
-    return bad_request(
-        f"The image at {shown} could not be fetched: {reason}.",
-        param=param,
-        code="image_unreachable",
-    )

@@ -12,7 +12,7 @@ from mlxserve.postprocess.events import Content, Reasoning
 from mlxserve.postprocess.harmony import HarmonyParser
 from mlxserve.postprocess.reasoning import THINK
 from mlxserve.protocol.errors import bad_request
-from mlxserve.protocol.request import ChatRequest, CompletionRequest, ImagePart, Message, TextPart
+from mlxserve.protocol.request import ChatRequest, CompletionRequest, MediaPart, Message, TextPart
 
 # The gpt-oss convention clients such as Open WebUI and Dify use in the system prompt.
 _EFFORT_LINE = re.compile(r"^\s*reasoning:\s*(low|medium|high)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -37,18 +37,19 @@ def chat_text(
     template_args: dict,
     chat_template: str | None,
     inject_tools: bool = False,
-    takes_images: bool = False,
+    modalities: frozenset[str] = frozenset(),
 ) -> str:
-    """The conversation rendered by the chat template. With `takes_images`, a user turn
-    holding images gets its content as parts ({"type": "image"} where each image goes, in
-    the order of `image_urls`), as multimodal templates expect; otherwise images are a 400."""
+    """The conversation rendered by the chat template. A user turn holding media of the
+    `modalities` the model takes ("image", "video", "audio") gets its content as parts
+    ({"type": "image"}, {"type": "video"}, {"type": "audio"} where each goes, in the order
+    of `media_parts`), as multimodal templates expect; any other media is a 400."""
     if not tokenizer.has_chat_template and chat_template is None:
         raise bad_request(
             "This model has no chat template; use /v1/completions or start the server "
             "with --chat-template.",
             param="messages",
         )
-    messages = [_template_message(m, takes_images) for m in request.messages]
+    messages = [_template_message(m, modalities) for m in request.messages]
     if not messages:  # every message was empty (content: [])
         raise bad_request(
             "The conversation is empty: send at least one message with content.",
@@ -99,11 +100,11 @@ def _effort_from_system(messages: list[dict]) -> str | None:
     return None
 
 
-def _template_message(message: Message, takes_images: bool) -> dict:
+def _template_message(message: Message, modalities: frozenset[str]) -> dict:
     """The message as chat templates expect it: text content (or parts with images),
     object arguments."""
     role = message.role
-    content = _content(message, takes_images)
+    content = _content(message, modalities)
     reasoning = message.reasoning
     if role == "assistant" and not reasoning and isinstance(content, str):
         reasoning, content = _split_inline_reasoning(content)
@@ -143,7 +144,7 @@ def _split_inline_reasoning(content: str) -> tuple[str | None, str]:
     return reasoning.strip(), rest.lstrip()
 
 
-def _content(message: Message, takes_images: bool) -> str | list[dict]:
+def _content(message: Message, modalities: frozenset[str]) -> str | list[dict]:
     if message.content is None:
         return ""
     if isinstance(message.content, str):
@@ -153,35 +154,50 @@ def _content(message: Message, takes_images: bool) -> str | list[dict]:
         if isinstance(part, TextPart):
             parts.append({"type": "text", "text": part.text})
         else:
-            _check_image_allowed(message, takes_images, part.param)
-            parts.append({"type": "image"})
-    if any(p["type"] == "image" for p in parts):
+            _check_media_allowed(message, part, modalities)
+            parts.append({"type": part.kind})
+    if any(p["type"] != "text" for p in parts):
         return parts
     return "\n".join(p["text"] for p in parts)
 
 
-def _check_image_allowed(message: Message, takes_images: bool, param: str) -> None:
-    if not takes_images:
-        raise bad_request(
-            "This model does not accept images; send them to a vision model.",
-            param=param,
-            code="images_not_supported",
-        )
+# Each modality's refusal where a model does not take it: (what to say, the error code)
+_NOT_TAKEN = {
+    "image": ("images; send them to a vision model", "images_not_supported"),
+    "video": (
+        "video; send it to a model that lists video in input_modalities",
+        "video_not_supported",
+    ),
+    "audio": (
+        "audio; send it to a model that lists audio in input_modalities",
+        "audio_not_supported",
+    ),
+}
+
+
+def _check_media_allowed(message: Message, part: MediaPart, modalities: frozenset[str]) -> None:
+    if part.kind not in modalities:
+        what, code = _NOT_TAKEN[part.kind]
+        raise bad_request(f"This model does not accept {what}.", param=part.param, code=code)
     if message.role != "user":
         raise bad_request(
-            f"Images are accepted in user messages only, not in a {message.role} message.",
-            param=param,
+            f"{_PLURAL[part.kind]} are accepted in user messages only, not in a "
+            f"{message.role} message.",
+            param=part.param,
         )
 
 
-def image_parts(request: ChatRequest) -> list[ImagePart]:
-    """Every image part, in the order the template places them."""
+_PLURAL = {"image": "Images", "video": "Videos", "audio": "Audio clips"}
+
+
+def media_parts(request: ChatRequest) -> list[MediaPart]:
+    """Every image, video and audio part, in the order the template places them."""
     return [
         part
         for message in request.messages
         if isinstance(message.content, tuple)
         for part in message.content
-        if isinstance(part, ImagePart)
+        if not isinstance(part, TextPart)
     ]
 
 

@@ -52,6 +52,29 @@ def is_vision_model(path: Path) -> bool:
     )
 
 
+# What a vision-language model takes, in the order /v1/models lists them.
+MEDIA = ("image", "video", "audio")
+
+
+@lru_cache(maxsize=64)
+def media_modalities(path: Path) -> frozenset[str]:
+    """The media a vision-language model's prompts take: images, video where its config
+    names a video placeholder (Qwen-VL, Gemma 4), audio where it also has an audio tower
+    (Gemma 3n and 4, the Omni models). Its processor is asked again per request."""
+    config = read_config(path)
+    sections = [config, *(v for v in config.values() if isinstance(v, dict))]
+    named = {name for section in sections for name in section if section.get(name) is not None}
+    found = {"image"}
+    if named & {"video_token_id", "video_token_index"}:
+        found.add("video")
+    if isinstance(config.get("audio_config"), dict) and named & {
+        "audio_token_id",
+        "audio_token_index",
+    }:
+        found.add("audio")
+    return frozenset(found)
+
+
 def loads_as_text(path: Path) -> bool:
     """A vision-language checkpoint that mlx-lm also loads, as a text model (its sanitize
     drops the vision tower): Qwen3.5 and 3.6 are published this way, MTP head included."""

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxserve.models.capabilities import weight_files
+from mlxserve.models.capabilities import media_modalities, weight_files
 from mlxserve.models.kinds import KINDS, ModelKind
 from mlxserve.protocol.errors import ServiceError, bad_request
 
@@ -45,6 +45,11 @@ class ModelSpec:
     def vision(self) -> bool:
         """Takes images: served by mlx-vlm instead of mlx-lm."""
         return self.model_kind.images
+
+    @property
+    def media(self) -> frozenset[str]:
+        """The media its prompts take ("image", "video", "audio"): none for a text model."""
+        return media_modalities(self.path) if self.vision else frozenset()
 
     @property
     def generative(self) -> bool:

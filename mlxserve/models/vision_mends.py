@@ -1,7 +1,8 @@
 """Mends for mlx-vlm model code that breaks in mlxserve's engine, applied at load.
 
 Some mlx-vlm models keep arrays outside their parameters, in plain Python helpers
-(Pixtral's rotary embedding, so Mistral Small 3's tower): built lazily when the model is
+(Pixtral's rotary embedding, so Mistral Small 3's tower) or under private names (Gemma
+4's audio tower's timescales): built lazily when the model is
 constructed, on the loading thread, and never read as weights. MLX (0.31.2 on) ties an
 unevaluated array to its thread's stream, so the vision encoder's thread could not
 evaluate them ("There is no Stream(cpu, 0) in current thread": every image a 500). They
@@ -21,6 +22,11 @@ after them, resized to one tile: the prompt has a run of patch tokens for it, th
 got no features for them and read past the end of the ones it had (every image that is
 not square, or near it, answered from garbage). The processor adds it.
 
+mlx-vlm's Gemma 4 encodes a prompt's audio clips as one padded batch and hands the
+placeholders its frames in order, padding included: with a shorter clip before a longer
+one, the longer clip's placeholders took the shorter one's padding. The tower's output
+is packed (each clip's own frames, one clip after another).
+
 Mends of processors are applied to the processor as it is loaded (`mend_processor`).
 """
 
@@ -33,6 +39,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxserve.models.chunked_attention import batch_chunked_attention
+from mlxserve.wrapped_layer import WrappedLayer
 
 
 def mend(model: Any) -> None:
@@ -40,6 +47,8 @@ def mend(model: Any) -> None:
     if type(model).__module__ == "mlx_vlm.models.qwen3_vl_moe.qwen3_vl_moe":
         _qwen3_vl_moe_attention(model)
     batch_chunked_attention(model)
+    if type(model).__module__ == "mlx_vlm.models.gemma4.gemma4":
+        _pack_audio_clips(model)
     mx.eval(_loose_arrays(model))
 
 
@@ -48,11 +57,33 @@ def _loose_arrays(model: Any) -> list[mx.array]:
     parameters."""
     found = []
     for _, module in model.named_modules():
+        # private arrays (Gemma 4's audio tower's `_inv_timescales`): not parameters
+        found += [v for k, v in module.items() if k.startswith("_") and isinstance(v, mx.array)]
         for value in vars(module).values():
             if isinstance(value, nn.Module) or not hasattr(value, "__dict__"):
                 continue
             found += [v for v in vars(value).values() if isinstance(v, mx.array)]
     return found
+
+
+class PackedAudioTower(WrappedLayer):
+    """Gemma 4's audio tower, its clips' frames packed: each clip's frames, then the
+    next's, padding left out, as the placeholders of the prompt take them in order."""
+
+    def __call__(self, mel: mx.array, mel_mask: mx.array) -> tuple[mx.array, mx.array]:
+        encodings, padded = self.layer(mel, mel_mask)
+        if encodings.shape[0] == 1:
+            return encodings, padded
+        kept = [np.flatnonzero(~row) for row in np.array(padded)]
+        frames = [encodings[i][mx.array(rows)] for i, rows in enumerate(kept) if len(rows)]
+        packed = mx.concatenate(frames)[None]
+        return packed, mx.zeros(packed.shape[:2], dtype=mx.bool_)
+
+
+def _pack_audio_clips(model: Any) -> None:
+    tower = getattr(model, "audio_tower", None)
+    if isinstance(tower, nn.Module) and not isinstance(tower, PackedAudioTower):
+        model.audio_tower = PackedAudioTower(tower)
 
 
 def _qwen3_vl_moe_attention(model: Any) -> None:

@@ -7,8 +7,9 @@ may be at fault carries `param`: where the client put it, as its dialect names i
 from __future__ import annotations
 
 import json
+import mimetypes
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 
 @dataclass(frozen=True)
@@ -20,9 +21,46 @@ class TextPart:
 class ImagePart:
     url: str  # a data URI, an http(s) URL, or a local path / file:// URL
     param: str
+    kind: ClassVar[str] = "image"  # the modality, as templates' parts and errors name it
 
 
-Part = TextPart | ImagePart
+@dataclass(frozen=True)
+class VideoPart:
+    url: str  # as an image's
+    param: str
+    fps: float | None = None  # frames sampled a second (None: the server's --video-fps)
+    kind: ClassVar[str] = "video"
+
+
+@dataclass(frozen=True)
+class AudioPart:
+    url: str  # as an image's
+    param: str
+    kind: ClassVar[str] = "audio"
+
+    @classmethod
+    def inline(cls, data: str, audio_format: str, param: str) -> AudioPart:
+        """OpenAI's input_audio ({"data": base64, "format": "wav"}) as a data URI."""
+        name = audio_format.lower()
+        kind = mimetypes.types_map.get(f".{name}", f"audio/{name}")
+        return cls(f"data:{kind};base64,{data}", param)
+
+
+MediaPart = ImagePart | VideoPart | AudioPart
+Part = TextPart | MediaPart
+# Each medium's part, by the first half of a MIME type (a file part names its type)
+MEDIA_PARTS: dict[str, type[MediaPart]] = {
+    "image": ImagePart,
+    "video": VideoPart,
+    "audio": AudioPart,
+}
+
+
+def media_part(mime_type: str | None, url: str, param: str) -> MediaPart | None:
+    """The part a file of `mime_type` at `url` is, or None where it is no image, video
+    or audio."""
+    part = MEDIA_PARTS.get((mime_type or "").split("/")[0])
+    return part(url, param) if part is not None else None
 
 
 @dataclass(frozen=True)

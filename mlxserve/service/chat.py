@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mlxserve.chat.images import ImageLimits
+from mlxserve.chat.media import MediaLimits
 from mlxserve.chat.templates import check_token_ids, encode_prompts, render_chat
 from mlxserve.chat.tool_prompt import injects_tools
 from mlxserve.chat.vision_prompt import VisionChat, render_vision_chat
@@ -440,7 +440,7 @@ class ChatService:
             tokenizer,
             self.catalog.processor(spec),
             spec.path,
-            ImageLimits.from_config(self.config),
+            MediaLimits.from_config(self.config),
         )
         return render_vision_chat(vision, request, template_args, template, injected)
 

@@ -14,6 +14,7 @@ from mlxserve.adapters.registry import DeclaredAdapter
 from mlxserve.engine.loop.worker import GenerationWorker
 from mlxserve.engine.memory.loader import LoadedModel
 from mlxserve.keys.caller import Caller, model_refused
+from mlxserve.models.capabilities import MEDIA
 from mlxserve.models.catalog import ModelCatalog
 from mlxserve.models.spec import ModelSpec, stored_bytes
 from mlxserve.postprocess.output import chat_markup, reasoning_markers
@@ -198,8 +199,8 @@ class ServedModels:
         )
 
     def _model_entry(self, model_id: str, spec: ModelSpec) -> dict:
-        """A model as /v1/models lists it: `input_modalities` says whether it takes images
-        (as OpenRouter's model list does), `state` whether it is in memory, `kind` and
+        """A model as /v1/models lists it: `input_modalities` says which media it takes
+        besides text (images, video, audio; as OpenRouter's model list does), `state` whether it is in memory, `kind` and
         `context_length` (also as vLLM spells it, `max_model_len`) what a client needs to
         use it; `pinned` and `size_bytes` (its weights on disk) what the web app shows."""
         context = self.catalog.context_length(spec)
@@ -210,7 +211,7 @@ class ServedModels:
             "created": 0,
             "owned_by": "mlxserve",
             "kind": spec.kind,
-            "input_modalities": ["text", "image"] if spec.vision else ["text"],
+            "input_modalities": ["text", *(m for m in MEDIA if m in spec.media)],
             "context_length": context,
             "max_model_len": context,
             "state": "loaded" if resident else "not-loaded",

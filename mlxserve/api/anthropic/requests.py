@@ -132,10 +132,28 @@ Block = Annotated[
 ]
 
 
+# Media the Messages API has no block for (OpenAI's dialects have parts for them)
+MEDIA_BLOCKS = ("audio", "video", "input_audio", "video_url")
+
+
 class Message(Strict):
     # Claude Code also sends system turns among the messages (environment notes).
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _no_media_blocks(cls, value):
+        """An audio or video block is named, not lost among the union's complaints."""
+        for i, block in enumerate(value if isinstance(value, list) else []):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in MEDIA_BLOCKS:
+                raise ValueError(
+                    f"block {i} is of type '{kind}', which the Messages API does not have; "
+                    "this server reads audio and video in /v1/chat/completions "
+                    "(input_audio, video_url) and /v1/responses (input_audio, input_file)"
+                )
+        return value
 
 
 class Tool(Strict):

@@ -4,6 +4,7 @@ their translation into the neutral requests."""
 from __future__ import annotations
 
 import json
+import mimetypes
 import re
 from dataclasses import replace
 from typing import Annotated, Any, Literal, cast
@@ -37,12 +38,31 @@ class ImageURL(_Strict):
     detail: str | None = None  # accepted; the model's processor decides the resolution
 
 
+class VideoURL(_Strict):
+    url: str
+    fps: Annotated[float, Field(gt=0)] | None = None  # frames sampled a second
+
+
+class InputAudio(_Strict):
+    data: str  # base64
+    format: str  # wav, mp3 (OpenAI's two); anything PyAV decodes is read
+
+
+class FileData(_Strict):
+    file_data: str | None = None  # a data URL, or bare base64 named by `filename`
+    file_id: str | None = None
+    filename: str | None = None
+
+
 class ContentPart(_Strict):
     type: str
     text: str | None = None
     # Chat Completions: {"url", "detail"}; Responses-style input_image: the URL itself.
     image_url: ImageURL | str | None = None
     image: str | None = None  # {"type": "image", "image": URL}, as some clients send
+    video_url: VideoURL | str | None = None  # vLLM's video part
+    input_audio: InputAudio | None = None
+    file: FileData | None = None
 
     @property
     def url(self) -> str:
@@ -491,9 +511,53 @@ def _content(content: str | list[ContentPart] | None, param: str):
             parts.append(neutral.TextPart(part.text))
         elif part.type in IMAGE_PARTS:
             parts.append(neutral.ImagePart(part.url, where))
+        elif part.type == "video_url":
+            parts.append(_video(part.video_url, where))
+        elif part.type == "input_audio":
+            parts.append(_audio(part.input_audio, where))
+        elif part.type == "file":
+            parts.append(_file(part.file, where))
         else:
             raise bad_request(f"Unsupported content part type '{part.type}'.", param=where)
     return tuple(parts)
+
+
+def _video(given: VideoURL | str | None, param: str) -> neutral.VideoPart:
+    if given is None:
+        raise bad_request("A video_url part needs a 'video_url' object.", param=param)
+    if isinstance(given, str):
+        return neutral.VideoPart(given, param)
+    return neutral.VideoPart(given.url, param, given.fps)
+
+
+def _audio(given: InputAudio | None, param: str) -> neutral.AudioPart:
+    if given is None:
+        raise bad_request("An input_audio part needs an 'input_audio' object.", param=param)
+    return neutral.AudioPart.inline(given.data, given.format, param)
+
+
+def _file(given: FileData | None, param: str) -> neutral.Part:
+    """A file part holding an image, a video or an audio clip (as its type or name says)."""
+    if given is None or given.file_data is None:
+        raise bad_request(
+            "A file part is read from its 'file_data' (a data URL); file_id is not read in "
+            "Chat Completions (the Responses API reads uploaded files).",
+            param=param,
+        )
+    data = given.file_data
+    if not data.startswith("data:"):
+        named = mimetypes.guess_type(given.filename or "", strict=False)[0]
+        data = f"data:{named or 'application/octet-stream'};base64,{data}"
+    mime_type = data.removeprefix("data:").split(";")[0]
+    part = neutral.media_part(mime_type, data, param)
+    if part is None:
+        raise bad_request(
+            f"A file part holds an image, a video or an audio clip on this server, not "
+            f"'{mime_type}'.",
+            param=param,
+            code="unsupported_file",
+        )
+    return part
 
 
 def _function_name(choice: dict) -> Any:

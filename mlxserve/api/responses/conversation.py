@@ -48,7 +48,19 @@ class InputFile(Strict):
     filename: str | None = None
 
 
-Part = Annotated[InputText | Refusal | InputImage | InputFile, Field(discriminator="type")]
+class AudioData(Strict):
+    data: str  # base64
+    format: str  # wav, mp3; anything PyAV decodes is read
+
+
+class InputAudio(Strict):
+    type: Literal["input_audio"]
+    input_audio: AudioData
+
+
+Part = Annotated[
+    InputText | Refusal | InputImage | InputFile | InputAudio, Field(discriminator="type")
+]
 
 
 class MessageItem(Strict):
@@ -346,6 +358,9 @@ def _user_parts(
         param = f"{where}.content[{j}]"
         if isinstance(part, InputImage):
             parts.append(neutral.ImagePart(_image_url(part, param, files), param))
+        elif isinstance(part, InputAudio):
+            audio = part.input_audio
+            parts.append(neutral.AudioPart.inline(audio.data, audio.format, param))
         elif isinstance(part, InputFile) and files is not None:
             given = FileInput(part.file_id, part.file_data, part.file_url, part.filename)
             parts.append(files.part(given, param))
@@ -381,6 +396,12 @@ def _part_text(part, param: str, holder: str) -> str:
             f"Images cannot stand in {holder}; send them in a user message.",
             param,
             code="images_not_supported",
+        )
+    if isinstance(part, InputAudio):
+        raise bad_request(
+            f"Audio cannot stand in {holder}; send it in a user message.",
+            param,
+            code="audio_not_supported",
         )
     raise bad_request(
         f"Files cannot stand in {holder}; send them in a user message.", f"{param}.type"

@@ -42,8 +42,9 @@ class FileInputs:
         return _data_url(_type(name) or "application/octet-stream", data)
 
     def part(self, given: FileInput, param: str) -> neutral.Part:
-        """An input_file as the model takes it: an image part, or a text part holding the
-        file's name and text; any other kind of file is a 400 naming the part."""
+        """An input_file as the model takes it: an image, video or audio part, or a text
+        part holding the file's name and text; any other kind of file is a 400 naming the
+        part."""
         if given.file_id is not None:
             name, data = self._uploaded(given.file_id, f"{param}.file_id")
             kind = _type(name)
@@ -52,18 +53,21 @@ class FileInputs:
             kind, data = _inline(given.file_data, f"{param}.file_data")
             kind = kind or _type(name)
         elif given.file_url is not None:
-            kind = _type(given.filename or given.file_url)
-            if kind is not None and kind.startswith("image/"):
-                return neutral.ImagePart(given.file_url, param)
+            media = neutral.media_part(
+                _type(given.filename or given.file_url), given.file_url, param
+            )
+            if media is not None:
+                return media
             raise bad_request(
-                "A file_url is read only for an image; upload other files to /v1/files, "
-                "or send them as file_data.",
+                "A file_url is read only for an image, a video or an audio clip; upload "
+                "other files to /v1/files, or send them as file_data.",
                 f"{param}.file_url",
             )
         else:
             raise bad_request("An input_file needs a file_id, file_data or file_url.", param)
-        if kind is not None and kind.startswith("image/"):
-            return neutral.ImagePart(_data_url(kind, data), param)
+        media = neutral.media_part(kind, _data_url(kind or "", data), param)
+        if media is not None:
+            return media
         if _is_text(kind, name):
             try:
                 return neutral.TextPart(f"File {name}:\n{data.decode('utf-8')}")
@@ -71,7 +75,7 @@ class FileInputs:
                 pass
         raise bad_request(
             f"The file '{name}' ({kind or 'of an unknown type'}) cannot be read on this "
-            "server: images and UTF-8 text files can.",
+            "server: images, video, audio and UTF-8 text files can.",
             param,
             code="unsupported_file",
         )

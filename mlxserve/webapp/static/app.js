@@ -5,7 +5,9 @@
 const KEY_STORE = "mlxserve.apiKey";
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
-const state = { models: [], history: [], attachments: [], controller: null, page: "chat", timer: null, talk: null, tools: new Set() };
+const state = { models: [], history: [], attachments: [], controller: null, page: "chat", timer: null, talk: null, recorder: null, tools: new Set() };
+// The media a model may be sent (its input_modalities), in the order the picker offers them
+const MEDIA = ["image", "video", "audio"];
 
 // ---------------------------------------------------------------------------- plumbing
 
@@ -137,7 +139,11 @@ function selectedModel() {
 function updateAttach() {
   const model = selectedModel();
   const draws = Boolean(model && model.kind === "image");
-  $("attach-label").hidden = draws || !(model && model.input_modalities.includes("image"));
+  const media = draws || !model ? [] : MEDIA.filter((m) => model.input_modalities.includes(m));
+  $("attach-label").hidden = media.length === 0;
+  $("attach-label").firstChild.textContent = media.length === 1 ? "Image" : "Attach";
+  $("attach").accept = media.map((m) => `${m}/*`).join(",");
+  $("record").hidden = !media.includes("audio");
   $("image-size-label").hidden = !draws;
   // a voice session needs a transcription and a speech model beside the chat model
   const kinds = new Set(state.models.map((m) => m.kind));
@@ -152,10 +158,30 @@ function numberSetting(id) {
   return value === "" ? undefined : Number(value);
 }
 
-function userMessage(text, images) {
+function userMessage(text, attachments) {
   const node = el("div", { className: "message user", textContent: text });
-  for (const url of images) node.append(el("img", { src: url, alt: "attached image" }));
+  for (const attachment of attachments) node.append(preview(attachment));
   $("messages").append(node);
+}
+
+// An attachment as the page shows it: a picture, or a clip with its player.
+function preview(attachment) {
+  if (attachment.kind === "image") return el("img", { src: attachment.url, alt: attachment.name });
+  return el(attachment.kind, { src: attachment.url, controls: true, title: attachment.name });
+}
+
+// An attachment as Chat Completions takes it (an image, vLLM's video part, OpenAI's audio).
+function contentPart(attachment) {
+  const url = attachment.url;
+  if (attachment.kind === "image") return { type: "image_url", image_url: { url } };
+  if (attachment.kind === "video") return { type: "video_url", video_url: { url } };
+  return { type: "input_audio", input_audio: { data: url.slice(url.indexOf(",") + 1), format: audioFormat(url) } };
+}
+
+// "data:audio/webm;codecs=opus;base64,..." -> "webm" (audio/mpeg: "mp3"; audio/x-wav: "wav")
+function audioFormat(url) {
+  const subtype = url.slice("data:audio/".length).split(/[;,]/)[0];
+  return { mpeg: "mp3", "x-wav": "wav", wave: "wav" }[subtype] || subtype;
 }
 
 // One assistant reply as it streams: its reasoning (collapsed), text, tool calls, figures.
@@ -231,13 +257,11 @@ function chatBody() {
 async function send(event) {
   event.preventDefault();
   const text = $("prompt").value.trim();
-  const images = state.attachments;
-  if ((!text && !images.length) || state.controller) return;
-  const content = images.length
-    ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
-    : text;
+  const attachments = state.attachments;
+  if ((!text && !attachments.length) || state.controller) return;
+  const content = attachments.length ? [...attachments.map(contentPart), { type: "text", text }] : text;
   state.history.push({ role: "user", content });
-  userMessage(text, images);
+  userMessage(text, attachments);
   $("prompt").value = "";
   state.attachments = [];
   $("attachments").replaceChildren();
@@ -319,11 +343,17 @@ function responsesInput() {
     if (typeof message.content === "string") return { role: message.role, content: message.content };
     return {
       role: message.role,
-      content: message.content.map((part) => (part.type === "text"
-        ? { type: "input_text", text: part.text }
-        : { type: "input_image", image_url: part.image_url.url })),
+      content: message.content.map(responsesPart),
     };
   });
+}
+
+// A Chat Completions content part as the Responses API's (a video: an input_file).
+function responsesPart(part) {
+  if (part.type === "text") return { type: "input_text", text: part.text };
+  if (part.type === "image_url") return { type: "input_image", image_url: part.image_url.url };
+  if (part.type === "video_url") return { type: "input_file", file_data: part.video_url.url, filename: "video" };
+  return part; // input_audio: the same in both
 }
 
 function responsesBody() {
@@ -406,15 +436,50 @@ async function reply(view) {
 }
 
 function attach() {
-  for (const file of $("attach").files) {
-    const reader = new FileReader();
-    reader.onload = () => {
-      state.attachments.push(reader.result);
-      $("attachments").append(el("img", { src: reader.result, alt: file.name }));
-    };
-    reader.readAsDataURL(file);
-  }
+  for (const file of $("attach").files) addAttachment(file, file.name);
   $("attach").value = "";
+}
+
+function addAttachment(blob, name) {
+  if (!MEDIA.includes(blob.type.split("/")[0])) {
+    showBanner(`${name} is not an image, a video or an audio file.`);
+    return;
+  }
+  const reader = new FileReader();
+  reader.onload = () => {
+    const attachment = { kind: blob.type.split("/")[0], url: reader.result, name };
+    state.attachments.push(attachment);
+    $("attachments").append(preview(attachment));
+  };
+  reader.readAsDataURL(blob);
+}
+
+// A voice note: the microphone recorded (the browser's own codec, Opus in WebM in
+// Chromium) until the button is pressed again, then attached as an audio clip.
+async function record() {
+  if (state.recorder) {
+    state.recorder.stop();
+    return;
+  }
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
+  } catch (error) {
+    showBanner(`No microphone: ${error.message}`);
+    return;
+  }
+  const recorder = new MediaRecorder(stream);
+  const chunks = [];
+  recorder.ondataavailable = (event) => chunks.push(event.data);
+  recorder.onstop = () => {
+    for (const track of stream.getTracks()) track.stop();
+    state.recorder = null;
+    $("record").textContent = "Record";
+    addAttachment(new Blob(chunks, { type: recorder.mimeType }), "voice note");
+  };
+  state.recorder = recorder;
+  recorder.start();
+  $("record").textContent = "Stop recording";
 }
 
 // ---------------------------------------------------------------------------- models
@@ -592,6 +657,7 @@ function start() {
   });
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   $("attach").addEventListener("change", attach);
+  $("record").addEventListener("click", record);
   $("talk").addEventListener("click", () => {
     if (state.talk) state.talk.stop();
     else state.talk = new Talk($("model-select").value, state.history, $("system-prompt").value.trim(), () => { state.talk = null; });
