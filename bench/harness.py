@@ -34,6 +34,7 @@ class Reply:
     stamps: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     cached_tokens: int = 0
+    prompt_tokens: int = 0
     text: str = ""
 
     @property
@@ -178,6 +179,7 @@ class Target:
             if chunk.get("usage"):
                 usage = chunk["usage"]
                 reply.completion_tokens = usage["completion_tokens"]
+                reply.prompt_tokens = usage.get("prompt_tokens") or 0
                 details = usage.get("prompt_tokens_details") or {}
                 reply.cached_tokens = details.get("cached_tokens") or 0
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):

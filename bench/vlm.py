@@ -1,22 +1,27 @@
 """Vision-language serving: mlxserve against mlx-vlm's own server (`python -m
 mlx_vlm.server`), in one run, at 1, 4 and 8 concurrent streams, text-only and with one
-image each.
+image each (or, `--media video`, one 5-second clip each).
 
 The model is a random-weight qwen2_vl (or, `--family llama4`, Llama 4: chunked attention,
-experts) with the bench models' 256-wide, 4-layer language model and the family's vision
-fixture's tokenizer, processor and vision tower (tests/fixtures/vision_fixture.py). Each request streams 128 tokens at temperature 1 (end
-tokens forbidden by logit_bias where the server honours it); each image is fresh noise,
-so no cache of either server sees it twice. Rounds alternate the servers; figures are the
+experts; `--media video`, Qwen2.5-VL) with the bench models' 256-wide, 4-layer language
+model and the family's vision fixture's tokenizer, processor and vision tower
+(tests/fixtures/vision_fixture.py). Each request streams 128 tokens at temperature 1 (end
+tokens forbidden by logit_bias where the server honours it); each image and clip is fresh
+noise, so no cache of either server sees it twice. Clips are MP4 files both servers read
+from one folder (mlx_vlm.server reads a video from a path or URL only), sampled at 2
+frames a second by both (10 frames: 320 tokens at 224x224). Rounds alternate the servers; figures are the
 median over rounds and the ratio mlxserve / mlx_vlm.server, over the streams a server
 answered (a stream it cut, an error after the headers, counts under "streams cut").
 
 Fairness, on mlxserve: a stream's longest gap between two tokens while a prompt with one
-896x896 image (1,024 image tokens: the bench folder's processor allows that many) is
-processed beside it, against a text prompt of the same length (qwen2_vl only).
+896x896 image (1,024 image tokens: the bench folder's processor allows that many), or a
+5-second clip of 448x448 frames (1,280 tokens), is processed beside it, against a text
+prompt of the same length (qwen2_vl and qwen2_5_vl only).
 
     make bench-vlm
     make bench-vlm ARGS="--rounds 3 --streams 1 8"
     make bench-vlm ARGS="--family llama4"
+    make bench-vlm ARGS="--media video --streams 8"
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import random
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +59,9 @@ MAX_TOKENS = 128
 QUESTION = "Describe what you see, then tell a long story about it."
 LARGE_IMAGE = 896  # pixels a side: 32 x 32 image tokens of 28 pixels
 LARGE_IMAGE_TOKENS = (LARGE_IMAGE // (2 * vision_fixture.PATCH)) ** 2
+CLIP_SECONDS, CLIP_FPS, CLIP_SIDE, LARGE_CLIP_SIDE = 5, 8, 224, 448
+SAMPLED = CLIP_SECONDS * 2  # frames both servers take of a clip (2 a second)
+LARGE_CLIP_TOKENS = SAMPLED // 2 * (LARGE_CLIP_SIDE // (2 * vision_fixture.PATCH)) ** 2
 _noise = random.Random(0)
 
 
@@ -72,6 +81,12 @@ def _qwen2_vl(config: dict) -> dict:
     return {**config, **LANGUAGE, "vision_config": vision}
 
 
+def _qwen2_5_vl(config: dict) -> dict:
+    # the vision tower's merger writes the language model's width
+    vision = {**config["vision_config"], "out_hidden_size": LANGUAGE["hidden_size"]}
+    return {**config, **LANGUAGE, "vision_config": vision}
+
+
 def _llama4(config: dict) -> dict:
     text = {**config["text_config"], **LANGUAGE, "head_dim": 32}
     return {**config, "text_config": text}
@@ -81,6 +96,7 @@ FAMILIES = {
     "qwen2_vl": Family(vision_fixture.QWEN2_VL, _qwen2_vl, ("<|im_end|>", "<|endoftext|>")),
     # Llama 4: chunked attention (the fixture's chunks of 16 tokens), experts, tiled images
     "llama4": Family(vision_fixture.LLAMA4, _llama4, ("<|eot|>", "<|end_of_text|>")),
+    "qwen2_5_vl": Family(vision_fixture.QWEN25_VL, _qwen2_5_vl, ("<|im_end|>", "<|endoftext|>")),
 }
 
 
@@ -108,6 +124,11 @@ def build_model(name: str) -> Path:
     processor = json.loads((partial / "preprocessor_config.json").read_text())
     processor["max_pixels"] = LARGE_IMAGE**2
     (partial / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+    video = partial / "video_preprocessor_config.json"
+    if video.is_file():  # a whole clip's frames x height x width: the large clip's
+        settings = json.loads(video.read_text())
+        settings["max_pixels"] = SAMPLED * LARGE_CLIP_SIDE**2
+        video.write_text(json.dumps(settings, indent=2))
     mx.random.seed(0)
     module, _ = get_model_and_args(dict(config))
     settings = {"text_config": {}, **config}
@@ -130,16 +151,42 @@ def noise_image(size: int = 112) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def messages(image: bool, size: int = 112) -> list[dict]:
+# Where the clips are written: both servers read them from here (mlxserve: --image-dir)
+CLIPS = Path(tempfile.mkdtemp(prefix="bench-clips-"))
+
+
+def noise_clip(side: int = CLIP_SIDE) -> str:
+    """A fresh 5-second clip of noise frames, `side` pixels a side, as an MP4 file."""
+    import av
+    import numpy as np
+
+    path = CLIPS / f"clip-{time.time_ns()}.mp4"
+    rng = np.random.default_rng(_noise.randrange(2**32))
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=CLIP_FPS)
+        stream.width = stream.height = side
+        stream.pix_fmt = "yuv420p"
+        for _ in range(CLIP_SECONDS * CLIP_FPS):
+            pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        container.mux(stream.encode(None))
+    return str(path)
+
+
+def messages(media: str | None, size: int | None = None) -> list[dict]:
+    """A fresh user turn, text only or with one image or clip (`size`: its side)."""
     opening = f"Request {time.time_ns()}. {QUESTION}"
-    if not image:
+    if media is None:
         return [{"role": "user", "content": opening}]
-    content = [{"type": "image_url", "image_url": {"url": noise_image(size)}}]
-    return [{"role": "user", "content": [*content, {"type": "text", "text": opening}]}]
+    if media == "video":
+        part = {"type": "video_url", "video_url": {"url": noise_clip(size or CLIP_SIDE)}}
+    else:
+        part = {"type": "image_url", "image_url": {"url": noise_image(size or 112)}}
+    return [{"role": "user", "content": [part, {"type": "text", "text": opening}]}]
 
 
-def run(target: Target, streams: int, image: bool, logit_bias: dict) -> dict[str, float]:
-    requests = [(messages(image), MAX_TOKENS) for _ in range(streams)]
+def run(target: Target, streams: int, media: str | None, logit_bias: dict) -> dict[str, float]:
+    requests = [(messages(media), MAX_TOKENS) for _ in range(streams)]
     # mlx_vlm.server wants the model named in each request; mlxserve serves its default
     models = [target.model] * streams if target.kind == "mlx_vlm.server" else None
     started = time.perf_counter()
@@ -149,30 +196,41 @@ def run(target: Target, streams: int, image: bool, logit_bias: dict) -> dict[str
     target.settle()
     answered = [r for r in replies if r.stamps]  # a stream the server cut sent no token
     if not answered:
-        return {"aggregate tok/s": 0.0, "slowest first token s": math.nan, "streams cut": streams}
+        return {
+            "aggregate tok/s": 0.0,
+            "slowest first token s": math.nan,
+            "streams cut": streams,
+            "prompt tokens": math.nan,
+        }
     ended = max(r.finished for r in answered)
     return {
         "aggregate tok/s": sum(r.completion_tokens for r in answered) / (ended - started),
         "slowest first token s": max(r.ttft for r in answered),
         "streams cut": len(replies) - len(answered),
+        "prompt tokens": max(r.prompt_tokens for r in answered),  # the same work for both
     }
 
 
-def fairness(target: Target, tokenizer, logit_bias: dict) -> dict[str, float]:
-    """A stream's longest gap while a large image prompt is processed beside it, and
-    while a text prompt of as many tokens is (its words fresh each call, as the image is:
-    the prompt cache must not hold it)."""
-    image = messages(True, LARGE_IMAGE)
+def fairness(target: Target, tokenizer, logit_bias: dict, media: str) -> dict[str, float]:
+    """A stream's longest gap while a large image (or clip) prompt is processed beside
+    it, and while a text prompt of as many tokens is (its words fresh each call, as the
+    image is: the prompt cache must not hold it)."""
+    size, tokens = (
+        (LARGE_CLIP_SIDE, LARGE_CLIP_TOKENS)
+        if media == "video"
+        else (LARGE_IMAGE, LARGE_IMAGE_TOKENS)
+    )
+    large = messages(media, size)
     first = _noise.randrange(10**6)
-    words = " ".join(f"note{first + i}" for i in range(LARGE_IMAGE_TOKENS))
-    while len(tokenizer.encode(words)) > LARGE_IMAGE_TOKENS:
+    words = " ".join(f"note{first + i}" for i in range(tokens))
+    while len(tokenizer.encode(words)) > tokens:
         words = words.rsplit(" ", 1)[0]
     text = [{"role": "user", "content": f"{words} {QUESTION}"}]
     figures = {}
-    for name, prompt in (("image", image), ("text", text)):
+    for name, prompt in ((media, large), ("text", text)):
         asked = {"messages": prompt, "max_tokens": 4, "logit_bias": logit_bias}
-        gap, _ = longest_gap_during(target, messages(False), logit_bias, asked)
-        figures[f"longest gap s beside a {LARGE_IMAGE_TOKENS}-token {name} prompt"] = gap
+        gap, _ = longest_gap_during(target, messages(None), logit_bias, asked)
+        figures[f"longest gap s beside a {tokens}-token {name} prompt"] = gap
         target.settle()
     return figures
 
@@ -181,51 +239,64 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--family", choices=list(FAMILIES), default="qwen2_vl")
+    parser.add_argument("--family", choices=list(FAMILIES), default=None)
+    parser.add_argument("--media", choices=["image", "video"], default="image")
     args = parser.parse_args()
-    model = build_model(args.family)
+    family = args.family or ("qwen2_5_vl" if args.media == "video" else "qwen2_vl")
+    model = build_model(family)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    ends = FAMILIES[args.family].ends
+    ends = FAMILIES[family].ends
     logit_bias = {str(tokenizer.convert_tokens_to_ids(t)): -100 for t in ends}
     results: dict[tuple, list[float]] = {}
     gaps: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for kind in SERVERS:
             extra = ("--host", "127.0.0.1") if kind == "mlx_vlm.server" else ()
+            extra += ("--image-dir", str(CLIPS)) if kind == "mlxserve" else ()
             target = Target(kind, model, *extra)
             try:
-                run(target, 1, True, logit_bias)  # warm up both paths
-                run(target, 1, False, logit_bias)
+                run(target, 1, args.media, logit_bias)  # warm up both paths
+                run(target, 1, None, logit_bias)
                 for streams in args.streams:
-                    for image in (False, True):
-                        figures = run(target, streams, image, logit_bias)
+                    for media in (None, args.media):
+                        figures = run(target, streams, media, logit_bias)
                         for name, value in figures.items():
-                            results.setdefault((streams, image, name, kind), []).append(value)
-                if kind == "mlxserve" and args.family == "qwen2_vl":
-                    for name, value in fairness(target, tokenizer, logit_bias).items():
+                            results.setdefault((streams, media, name, kind), []).append(value)
+                if kind == "mlxserve" and family in ("qwen2_vl", "qwen2_5_vl"):
+                    for name, value in fairness(target, tokenizer, logit_bias, args.media).items():
                         gaps.setdefault(name, []).append(value)
             finally:
                 target.stop()
-    report(results, args.streams, args.rounds)
+    shutil.rmtree(CLIPS, ignore_errors=True)
+    report(results, args.streams, args.rounds, args.media)
     print("\nmlxserve, median (min-max):")
     for name, values in gaps.items():
         print(f"- {name}: {spread(values)}")
 
 
-def report(results: dict, streams: list[int], rounds: int) -> None:
+def report(results: dict, streams: list[int], rounds: int, media: str) -> None:
     """Medians (min-max) over rounds; the ratio's are of each round's pair (the servers
     alternate, so a round's two figures are measured closest in time)."""
     print(f"\n{rounds} rounds, median (min-max); ratio = mlxserve / mlx_vlm.server")
     print("| streams | prompt | figure | mlxserve | mlx_vlm.server | ratio |")
     print("|---|---|---|---|---|---|")
     for n in streams:
-        for image in (False, True):
-            for name in ("aggregate tok/s", "slowest first token s", "streams cut"):
-                ours, theirs = (results[(n, image, name, kind)] for kind in SERVERS)
+        for given in (None, media):
+            for name in (
+                "aggregate tok/s",
+                "slowest first token s",
+                "streams cut",
+                "prompt tokens",
+            ):
+                ours, theirs = (results[(n, given, name, kind)] for kind in SERVERS)
                 ratios = [a / b if b else math.nan for a, b in zip(ours, theirs, strict=True)]
-                prompt = "one image" if image else "text only"
+                prompt = (
+                    "text only"
+                    if given is None
+                    else f"one {'clip' if given == 'video' else 'image'}"
+                )
                 cells = " | ".join(spread(v) for v in (ours, theirs, ratios))
                 print(f"| {n} | {prompt} | {name} | {cells} |")
 

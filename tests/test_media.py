@@ -148,7 +148,8 @@ def test_a_follow_up_turn_continues_from_the_disk_tier_after_a_restart(launch, m
 
 def test_the_same_clip_at_another_rate_is_not_taken_from_the_cache(launch_module, qwen25_vl_model):
     """A clip's frames sampled at another rate are other frames: the prompt cache keys the
-    clip by its bytes and its frames' times, so nothing past the text before it is reused."""
+    clip by its bytes and its frames' times, so nothing past the text before it is reused;
+    vLLM's `mm_processor_kwargs.fps` sets the rate of parts that name none."""
     srv = launch_module(qwen25_vl_model)
     clip = video_part(colour_clip("red", "blue", 4.0))
     slow = {**clip, "video_url": {**clip["video_url"], "fps": 1.0}}
@@ -162,6 +163,16 @@ def test_the_same_clip_at_another_rate_is_not_taken_from_the_cache(launch_module
     )
     assert other["usage"]["prompt_tokens"] < first["usage"]["prompt_tokens"]  # fewer frames
     assert other["usage"]["prompt_tokens_details"]["cached_tokens"] <= 5  # the text before it
+    # vLLM's request-wide rate: the same frames as the part's own rate, so from the cache
+    asked = {"messages": [{"role": "user", "content": [clip, question]}]}
+    vllm = srv.post(CHAT, {**asked, "mm_processor_kwargs": {"fps": 1.0}})[2]
+    assert vllm["usage"]["prompt_tokens"] == other["usage"]["prompt_tokens"]
+    assert (
+        vllm["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= other["usage"]["prompt_tokens"] - 1
+    )
+    refused = srv.post(CHAT, {**asked, "mm_processor_kwargs": {"fps": "fast"}})
+    assert_error(refused, 400, param="mm_processor_kwargs.fps")
 
 
 def test_models_list_their_input_modalities(

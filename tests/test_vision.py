@@ -429,7 +429,8 @@ def test_text_vision_text(launch, tiny_model, vision_model):
     text again."""
     srv = launch(tiny_model, "--model-dir", str(vision_model.parent))
     listed = {m["id"]: m for m in srv.get("/v1/models")[2]["data"]}
-    assert listed[vision_model.name]["input_modalities"] == ["text", "image"]
+    # Qwen2-VL's config names a video placeholder and its processor reads video
+    assert listed[vision_model.name]["input_modalities"] == ["text", "image", "video"]
     assert listed[str(tiny_model)]["input_modalities"] == ["text"]
     capital = BY_NAME["capital"]
     image = data_uri(square_png("blue"))
@@ -446,10 +447,10 @@ def test_text_vision_text(launch, tiny_model, vision_model):
     assert all("peak memory" in line for line in srv.log if "Loaded " in line)
 
 
-def test_models_lists_image_input(vision, vision_model):
+def test_models_lists_image_and_video_input(vision, vision_model):
     _, _, body = vision.get("/v1/models")
     assert body["data"][0]["id"] == str(vision_model)
-    assert body["data"][0]["input_modalities"] == ["text", "image"]
+    assert body["data"][0]["input_modalities"] == ["text", "image", "video"]  # Qwen2-VL's
     assert body["data"][0]["kind"] == "vision"
     assert body["data"][0]["capabilities"] == {"tools": True, "reasoning": False}
 

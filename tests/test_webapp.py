@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,22 @@ def test_a_recorded_voice_note_is_heard(playwright, launch, gemma4_audio_model, 
     srv = launch(gemma4_audio_model, "--api-key", KEY)
     microphone = tmp_path / "microphone.wav"
     microphone.write_bytes(tone_wav("low", 3.0))
+    with hearing(playwright, microphone) as page:
+        sign_in(page, srv)
+        page.select_option("#model-select", str(gemma4_audio_model))
+        page.click("#record")
+        expect(page.locator("#record")).to_have_text("Stop recording")
+        page.wait_for_timeout(1500)
+        page.click("#record")
+        expect(page.locator("#attachments audio")).to_have_count(1)
+        chat(page, gemma4_audio_model, AUDIO_QUESTION)
+        expect(page.locator(".message.assistant .content")).to_have_text("A low tone.")
+
+
+@contextmanager
+def hearing(playwright, microphone: Path) -> Iterator[Page]:
+    """A page of a chromium whose microphone plays `microphone` (a WAV file) once, the
+    page allowed to use it; its scripts never throw."""
     args = [
         "--no-sandbox",
         "--use-fake-ui-for-media-stream",
@@ -200,15 +217,7 @@ def test_a_recorded_voice_note_is_heard(playwright, launch, gemma4_audio_model, 
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
-        sign_in(page, srv)
-        page.select_option("#model-select", str(gemma4_audio_model))
-        page.click("#record")
-        expect(page.locator("#record")).to_have_text("Stop recording")
-        page.wait_for_timeout(1500)
-        page.click("#record")
-        expect(page.locator("#attachments audio")).to_have_count(1)
-        chat(page, gemma4_audio_model, AUDIO_QUESTION)
-        expect(page.locator(".message.assistant .content")).to_have_text("A low tone.")
+        yield page
         assert errors == [], errors
     finally:
         browser.close()
@@ -366,19 +375,7 @@ def test_talk_hears_the_microphone_and_speaks_the_answer(
     srv = launch(tiny_model, *models, "--api-key", KEY)  # the browser's key: a subprotocol
     microphone = tmp_path / "microphone.wav"
     microphone.write_bytes(padded_wav(UTTERANCES[0]))
-    system = shutil.which("chromium")
-    args = [
-        "--no-sandbox",
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={microphone}%noloop",
-    ]
-    browser = playwright.chromium.launch(executable_path=system, args=args)
-    try:
-        context = browser.new_context(permissions=["microphone"])
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
+    with hearing(playwright, microphone) as page:
         sign_in(page, srv)
         page.select_option("#model-select", str(tiny_model))
         page.click("#settings summary")
@@ -410,9 +407,6 @@ def test_talk_hears_the_microphone_and_speaks_the_answer(
         page.click("button[data-page=chat]")
         page.click("#talk")
         expect(page.locator("#talk")).to_have_text("Talk")
-        assert errors == [], errors
-    finally:
-        browser.close()
 
 
 def padded_wav(text: str) -> bytes:

@@ -22,6 +22,10 @@ from mlxserve.protocol.errors import bad_request
 # Qwen-VL's video processors keep a frame at (768 patches of 28x28, 0.6 MP), so no model
 # sees less, and a clip's frames stay small in memory (32 frames: 75 MB).
 FRAME_PIXELS = 1024 * 768
+# Where the next frame wanted lies this many seconds or more on, the decoder seeks to the
+# keyframe before it instead of decoding every frame between (keyframes come every few
+# seconds at most in the clips people record).
+SEEK_GAP = 2.0
 # Clips decoded at once, whatever the number of requests: bounds the peak memory and CPU.
 _DECODING = threading.BoundedSemaphore(2)
 
@@ -98,18 +102,23 @@ def _duration(container, stream) -> float:
 
 
 def _sampled(container, stream, wanted: list[float], limits: VideoLimits, param: str):
-    """The frame on screen at each of the `wanted` times, decoded in one pass."""
+    """The frame on screen at each of the `wanted` times: decoded on from the last one,
+    or, where the next is SEEK_GAP or more later, from the keyframe before it (a long
+    clip sampled sparsely is not decoded whole)."""
     frames: list[np.ndarray] = []
     times: list[float] = []
-    for frame in container.decode(stream):
-        at = frame.time if frame.time is not None else 0.0
-        if at > limits.max_seconds:
-            raise _too_long(at, limits, param)
-        while len(frames) < len(wanted) and at + _half_frame(stream) >= wanted[len(frames)]:
-            frames.append(_rgb(frame))
-            times.append(round(at, 3))
-        if len(frames) == len(wanted):
-            break
+    half = _half_frame(stream)
+    for target in wanted:
+        if frames and target - times[-1] >= SEEK_GAP:
+            container.seek(int(target / stream.time_base), stream=stream, backward=True)
+        for frame in container.decode(stream):
+            at = frame.time if frame.time is not None else 0.0
+            if at > limits.max_seconds:
+                raise _too_long(at, limits, param)
+            if at + half >= target:
+                frames.append(_rgb(frame))
+                times.append(round(at, 3))
+                break
     return frames, times
 
 

@@ -229,6 +229,8 @@ class ChatRequest(GenerationRequest):
     functions: list[FunctionDefinition] | None = None
     function_call: str | dict | None = None
     chat_template_kwargs: dict | None = None
+    # vLLM's: its "fps" samples every video part that names no rate of its own
+    mm_processor_kwargs: dict | None = None
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None
     thinking: bool | dict | None = None
@@ -402,7 +404,7 @@ def chat_request(wire: ChatRequest) -> neutral.ChatRequest:
     return neutral.ChatRequest(
         **_generation_fields(wire, wire.token_limit),
         max_tokens_param=wire.token_limit_param,
-        messages=_messages(wire.messages),
+        messages=_video_rate(_messages(wire.messages), wire.mm_processor_kwargs),
         tools=tuple(neutral.Tool(f.name, f.description, f.parameters, f.strict) for f in functions),
         tool_choice=_legacy_choice(wire.function_call)
         if wire.legacy_functions
@@ -520,6 +522,28 @@ def _content(content: str | list[ContentPart] | None, param: str):
         else:
             raise bad_request(f"Unsupported content part type '{part.type}'.", param=where)
     return tuple(parts)
+
+
+def _video_rate(
+    messages: tuple[neutral.Message, ...], kwargs: dict | None
+) -> tuple[neutral.Message, ...]:
+    """The messages with vLLM's `mm_processor_kwargs.fps` given to each video part that
+    names no rate of its own."""
+    fps = (kwargs or {}).get("fps")
+    if fps is None:
+        return messages
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or fps <= 0:
+        raise bad_request("fps must be a positive number.", param="mm_processor_kwargs.fps")
+
+    def rated(part: neutral.Part) -> neutral.Part:
+        if isinstance(part, neutral.VideoPart) and part.fps is None:
+            return replace(part, fps=float(fps))
+        return part
+
+    return tuple(
+        replace(m, content=tuple(map(rated, m.content))) if isinstance(m.content, tuple) else m
+        for m in messages
+    )
 
 
 def _video(given: VideoURL | str | None, param: str) -> neutral.VideoPart:
