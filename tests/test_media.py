@@ -1,5 +1,5 @@
-"""Video and audio in the conversation: a Qwen2.5-VL model reading clips and a Gemma 4
-model hearing tones, through the dialects that spell them (Chat's `video_url`,
+"""Video and audio in the conversation: a Qwen2.5-VL model reading clips and Gemma 4 and
+Gemma 3n models hearing tones, through the dialects that spell them (Chat's `video_url`,
 `input_audio` and `file` parts, Responses' `input_audio` and `input_file`), in the
 continuous batch (batched == alone == mlx-vlm's own generate_step), in the prompt cache
 (its disk tier included), and every limit a 400 naming the part."""
@@ -59,6 +59,17 @@ MEDIA = {
     ),
     "audio": Medium(
         "gemma4_audio_model",
+        "<end_of_turn>",
+        [
+            audio_question("low"),
+            audio_question("high", 2.0),
+            audio_question("low", 2.0),
+            audio_question("high"),
+        ],
+        AUDIO["hello"].messages,
+    ),
+    "gemma3n": Medium(
+        "gemma3n_audio_model",
         "<end_of_turn>",
         [
             audio_question("low"),
@@ -176,12 +187,13 @@ def test_the_same_clip_at_another_rate_is_not_taken_from_the_cache(launch_module
 
 
 def test_models_list_their_input_modalities(
-    launch_module, qwen25_vl_model, gemma4_audio_model, server
+    launch_module, qwen25_vl_model, gemma4_audio_model, gemma3n_audio_model, server
 ):
     """/v1/models says which media each model takes."""
     for model, expected in [
         (qwen25_vl_model, ["text", "image", "video"]),
         (gemma4_audio_model, ["text", "image", "audio"]),
+        (gemma3n_audio_model, ["text", "image", "audio"]),
     ]:
         status, _, body = launch_module(model).get("/v1/models")
         assert status == 200 and body["data"][0]["input_modalities"] == expected
@@ -336,11 +348,14 @@ def test_anthropic_names_the_block_it_has_no_audio_or_video_for(launch_module, g
         assert f"'messages[0].content': block 0 is of type '{block['type']}'" in message, body
 
 
-def test_audio_clips_of_several_lengths_each_reach_their_own_placeholders(gemma4_audio_model):
-    """mlx-vlm's Gemma 4 hands a prompt's audio placeholders the tower's frames in order,
-    padding included: a short clip before a long one gave the long one's placeholders the
-    short one's padding. Mended (vision_mends.PackedAudioTower), each clip's rows in a
-    prompt of two equal its rows in a prompt of its own."""
+@pytest.mark.parametrize("fixture", ["gemma4_audio_model", "gemma3n_audio_model"])
+def test_audio_clips_of_several_lengths_each_reach_their_own_placeholders(request, fixture):
+    """Each clip's rows in a prompt of two equal its rows in a prompt of its own. mlx-vlm's
+    Gemma 4 handed a prompt's audio placeholders the tower's frames in order, padding
+    included: a short clip before a long one gave the long one's placeholders the short
+    one's padding (mended: vision_mends.PackedAudioTower). Gemma 3n's feature extractor
+    marked two frames of a short clip's padding valid beside a longer clip, so its last
+    audio token changed (mended: vision_mends.ClipsAlone)."""
     import mlx.core as mx
     from mlx_vlm.utils import load_model
 
@@ -353,12 +368,13 @@ def test_audio_clips_of_several_lengths_each_reach_their_own_placeholders(gemma4
     from mlxserve.models.vision_loader import load_vision_processor
     from mlxserve.models.vision_mends import mend
 
-    model = load_model(gemma4_audio_model)
+    path = request.getfixturevalue(fixture)
+    model = load_model(path)
     mend(model)
     chat = VisionChat(
-        load_text_tokenizer(gemma4_audio_model, False),
-        load_vision_processor(gemma4_audio_model, False),
-        gemma4_audio_model,
+        load_text_tokenizer(path, False),
+        load_vision_processor(path, False),
+        path,
         MediaLimits.from_config(ServerConfig()),
     )
 

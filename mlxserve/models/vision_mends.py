@@ -27,7 +27,21 @@ placeholders its frames in order, padding included: with a shorter clip before a
 one, the longer clip's placeholders took the shorter one's padding. The tower's output
 is packed (each clip's own frames, one clip after another).
 
+mlx-vlm's Gemma 3n embeds a prompt's text tokens (`get_input_embeddings`, which its
+generate_step and our prefill call) without the square root of the hidden size its
+language model multiplies a token's embedding by when it embeds the token itself (every
+decode step; transformers' scaled word embedding does it everywhere): a prompt's text
+reached the model some sqrt(hidden) times fainter than the tokens generated after it, and
+a prompt continued from the prompt cache (its text embedded by the language model) read
+differently from the same prompt whole. The text rows (ids below the vision tower's
+vocabulary offset) are scaled, as transformers does.
+
 Mends of processors are applied to the processor as it is loaded (`mend_processor`).
+transformers' Gemma 3n audio feature extractor pads a prompt's clips to the longest (and
+to 128 samples) and then marks as valid every frame that starts before a clip's last
+sample, cut to the frames it computed: alone, a clip of 8,000 samples has 48 valid frames;
+beside a longer clip, 50 (two more frames over its padding), so a short clip's last audio
+token differed with the clips beside it. Each clip is extracted alone, then padded.
 """
 
 from __future__ import annotations
@@ -49,6 +63,7 @@ def mend(model: Any) -> None:
     batch_chunked_attention(model)
     if type(model).__module__ == "mlx_vlm.models.gemma4.gemma4":
         _pack_audio_clips(model)
+    scale_gemma3n_text_embeddings(model)
     mx.eval(_loose_arrays(model))
 
 
@@ -86,6 +101,31 @@ def _pack_audio_clips(model: Any) -> None:
         model.audio_tower = PackedAudioTower(tower)
 
 
+def scale_gemma3n_text_embeddings(model: Any) -> None:
+    """Give an mlx-vlm Gemma 3n model (once) the `get_input_embeddings` that scales its
+    text rows (see the module's docstring); other models are left as they are."""
+    cls = type(model)
+    if cls.__module__ != "mlx_vlm.models.gemma3n.gemma3n" or getattr(cls, "_scales_text", False):
+        return
+    unscaled = cls.get_input_embeddings
+
+    def get_input_embeddings(self: Any, input_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
+        features = unscaled(self, input_ids, *args, **kwargs)
+        text = (input_ids < self.embed_vision.vocab_offset)[..., None]
+        embeds = features.inputs_embeds
+        # as the language model scales a token it embeds itself (a Python float)
+        scaled = embeds * (self.language_model.model.hidden_size**0.5)
+        features.inputs_embeds = mx.where(text, scaled, embeds)
+        return features
+
+    attributes = {
+        "get_input_embeddings": get_input_embeddings,
+        "_scales_text": True,
+        "__module__": cls.__module__,  # still mlx-vlm's Gemma 3n to whoever asks
+    }
+    model.__class__ = type(cls.__name__, (cls,), attributes)
+
+
 def _qwen3_vl_moe_attention(model: Any) -> None:
     from mlx_vlm.models.qwen3_vl import language as dense
     from mlx_vlm.models.qwen3_vl_moe import language as moe
@@ -98,11 +138,44 @@ def _qwen3_vl_moe_attention(model: Any) -> None:
 
 def mend_processor(processor: Any) -> None:
     """Mend an mlx-vlm processor (see the module's docstring)."""
+    extractor: Any = getattr(processor, "feature_extractor", None)
+    if type(extractor).__name__ == "Gemma3nAudioFeatureExtractor":
+        processor.feature_extractor = ClipsAlone(extractor)
     images: Any = getattr(processor, "image_processor", None)
     if type(images).__name__ == "Llama4ImageProcessor" and type(images).__module__.startswith(
         "mlx_vlm"
     ):
         images.preprocess = _with_global_tiles(images)
+
+
+class ClipsAlone:
+    """Gemma 3n's audio feature extractor with each clip of a batch extracted as it is
+    alone, padded after (padding frames marked invalid); everything else its own."""
+
+    def __init__(self, extractor: Any):
+        self.extractor = extractor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.extractor, name)
+
+    def __call__(self, raw_speech: Any, **kwargs: Any) -> Any:
+        if not isinstance(raw_speech, list | tuple) or len(raw_speech) < 2:
+            return self.extractor(raw_speech, **kwargs)
+        from transformers.feature_extraction_utils import BatchFeature
+
+        tensors = kwargs.pop("return_tensors", None)
+        alone = [self.extractor([clip], **kwargs) for clip in raw_speech]
+        features = [np.asarray(one["input_features"][0]) for one in alone]
+        valid = [np.asarray(one["input_features_mask"][0]) for one in alone]
+        longest = max(len(f) for f in features)
+        shape = (len(features), longest, features[0].shape[-1])
+        padded = np.full(shape, self.extractor.padding_value, dtype=np.float32)
+        mask = np.zeros(shape[:2], dtype=bool)
+        for i, (frames, kept) in enumerate(zip(features, valid, strict=True)):
+            padded[i, : len(frames)] = frames
+            mask[i, : len(kept)] = kept
+        batch = {"input_features": padded, "input_features_mask": mask}
+        return BatchFeature(batch, tensor_type=tensors)
 
 
 def _with_global_tiles(images: Any) -> Any:

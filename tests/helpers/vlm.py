@@ -63,11 +63,15 @@ def generate_alone(family: Family, bodies: list[dict], length: int) -> list[tupl
     from mlxserve.config import ServerConfig
     from mlxserve.models.tokenizer import load_text_tokenizer
     from mlxserve.models.vision_loader import load_vision_processor
+    from mlxserve.models.vision_mends import scale_gemma3n_text_embeddings
 
     tokenizer = load_text_tokenizer(family.model, False)
     processor = load_vision_processor(family.model, False)
     chat = VisionChat(tokenizer, processor, family.model, MediaLimits.from_config(ServerConfig()))
     model = load_model(family.model)  # mlx-vlm's own code, none of mlxserve's mends
+    # but Gemma 3n's text scaled in the prompt as in its decode steps (without it mlx-vlm
+    # disagrees with itself: vision_mends' docstring); a no-op for every other family
+    scale_gemma3n_text_embeddings(model)
 
     def forbid_end(_tokens, logits):
         return logits + mx.where(mx.arange(logits.shape[-1]) == family.end_token, -100.0, 0.0)
