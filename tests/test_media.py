@@ -45,6 +45,13 @@ class Medium:
     hello: list[dict]  # a text-only conversation
 
 
+# Tones of both pitches, of two lengths (other numbers of audio tokens)
+AUDIO_ROWS = [
+    audio_question("low"),
+    audio_question("high", 2.0),
+    audio_question("low", 2.0),
+    audio_question("high"),
+]
 MEDIA = {
     "video": Medium(
         "qwen25_vl_model",
@@ -60,23 +67,13 @@ MEDIA = {
     "audio": Medium(
         "gemma4_audio_model",
         "<end_of_turn>",
-        [
-            audio_question("low"),
-            audio_question("high", 2.0),
-            audio_question("low", 2.0),
-            audio_question("high"),
-        ],
+        AUDIO_ROWS,
         AUDIO["hello"].messages,
     ),
     "gemma3n": Medium(
         "gemma3n_audio_model",
         "<end_of_turn>",
-        [
-            audio_question("low"),
-            audio_question("high", 2.0),
-            audio_question("low", 2.0),
-            audio_question("high"),
-        ],
+        AUDIO_ROWS,
         AUDIO["hello"].messages,
     ),
 }
