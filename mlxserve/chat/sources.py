@@ -17,7 +17,7 @@ from mlxserve.chat.fetch import FetchError, FetchRules, TooLarge, fetch
 from mlxserve.protocol.errors import ServiceError, bad_request
 
 # A data URI each medium's errors show as the shape to send
-EXAMPLE_TYPES = {"image": "image/png", "video": "video/mp4", "audio": "audio/wav"}
+_EXAMPLE_TYPES = {"image": "image/png", "video": "video/mp4", "audio": "audio/wav"}
 _ARTICLE = {"image": "An", "video": "A", "audio": "An"}
 
 
@@ -57,7 +57,7 @@ def read_source(url: str, param: str, rules: SourceRules) -> bytes:
             code=f"invalid_{kind}",
         )
     if len(data) > rules.max_bytes:
-        raise too_large(len(data), rules, param)
+        raise _too_large(len(data), rules, param)
     return data
 
 
@@ -65,19 +65,15 @@ def _data_uri(url: str, param: str, kind: str) -> bytes:
     header, comma, payload = url.partition(",")
     if not comma or not header.endswith(";base64"):
         raise bad_request(
-            f"{_ARTICLE[kind]} {kind} data URI must look like data:{EXAMPLE_TYPES[kind]};base64,<data>.",
+            f"{_ARTICLE[kind]} {kind} data URI must look like data:{_EXAMPLE_TYPES[kind]};base64,<data>.",
             param=param,
             code=f"invalid_{kind}",
         )
-    return decode_base64(payload, param, kind)
-
-
-def decode_base64(payload: str, param: str, kind: str) -> bytes:
     try:
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as e:
         raise bad_request(
-            f"The {kind} data is not valid base64: {e}", param=param, code=f"invalid_{kind}"
+            f"The {kind} data URI is not valid base64: {e}", param=param, code=f"invalid_{kind}"
         ) from e
 
 
@@ -86,7 +82,7 @@ def _fetch(url: str, param: str, rules: SourceRules) -> bytes:
     try:
         return fetch(url, FetchRules(rules.fetch_timeout, rules.max_bytes, rules.allow_local_urls))
     except TooLarge as e:
-        raise too_large(e.size, rules, param) from e
+        raise _too_large(e.size, rules, param) from e
     except FetchError as e:
         if e.refused:
             raise bad_request(
@@ -118,11 +114,11 @@ def _local_file(path: Path, param: str, rules: SourceRules) -> bytes:
     if not resolved.is_file():
         raise bad_request(f"No {kind} file at '{path}'.", param=param, code=f"invalid_{kind}")
     if resolved.stat().st_size > rules.max_bytes:
-        raise too_large(resolved.stat().st_size, rules, param)
+        raise _too_large(resolved.stat().st_size, rules, param)
     return resolved.read_bytes()
 
 
-def too_large(size: int, rules: SourceRules, param: str) -> ServiceError:
+def _too_large(size: int, rules: SourceRules, param: str) -> ServiceError:
     return bad_request(
         f"The {rules.kind} is larger than the server's limit of {rules.max_bytes} bytes"
         f" ({size} bytes or more); see {rules.limit_flag}.",
